@@ -1,0 +1,97 @@
+"""Per-architecture knowledge, one small module per router family.
+
+Each family module defines:
+  MODEL_TYPES    the transformers `model_type`s it covers
+  ROUTER_ATTR    the attribute of the MoE block that holds the router
+  route_weights(router, logits, ids) -> [T, K] weights the layer's own formula gives an
+                 arbitrary expert set `ids` (speculative execution needs this)
+  read_expert(read, experts_path, expert) -> {param name: tensor} for one expert, read
+                 from a checkpoint through `read(key)` (the disk tier needs this)
+Everything else (finding the sparse layers, the fused weight layout) is read off the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch.nn as nn
+
+from . import deepseek, gpt_oss, softmax_topk
+
+FAMILIES: dict[str, ModuleType] = {t: fam for fam in (softmax_topk, deepseek, gpt_oss) for t in fam.MODEL_TYPES}
+SUPPORTED = tuple(sorted(FAMILIES))
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not a Mixture-of-Experts model evalsuite knows how to offload."""
+
+
+@dataclass
+class SparseLayer:
+    """One MoE layer of a model: where its router and experts live."""
+
+    index: int  # decoder layer index (dense layers keep their numbers)
+    block: nn.Module
+    router: nn.Module
+    experts: nn.Module
+    experts_path: str  # module path of the experts, also their checkpoint key prefix
+
+    @property
+    def top_k(self) -> int:
+        return int(self.router.top_k)
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.experts.num_experts)
+
+
+def model_type(model: nn.Module) -> str:
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for candidate in (config.model_type, getattr(text, "model_type", None)):
+        if candidate in FAMILIES:
+            return candidate
+    return config.model_type
+
+
+def family_of(model: nn.Module) -> ModuleType:
+    mtype = model_type(model)
+    if mtype not in FAMILIES:
+        raise UnsupportedModelError(
+            f"model type {mtype!r} is not supported; evalsuite offloads: {', '.join(SUPPORTED)}"
+        )
+    return FAMILIES[mtype]
+
+
+def sparse_layers(model: nn.Module) -> list[SparseLayer]:
+    """Every MoE layer of a supported model, in order; raises on dense or unknown models."""
+    family = family_of(model)
+    decoder = _decoder_layers(model)
+    found = []
+    for index, (path, layer) in enumerate(decoder):
+        block = getattr(layer, "mlp", None)
+        experts = getattr(block, "experts", None)
+        if experts is None or not hasattr(experts, "gate_up_proj"):
+            continue  # a dense layer (first_k_dense_replace, mlp_only_layers, ...)
+        router = getattr(block, family.ROUTER_ATTR)
+        found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts"))
+    if not found:
+        raise UnsupportedModelError(
+            f"model type {model_type(model)!r} has no sparse MoE layers in this configuration; "
+            f"evalsuite needs a Mixture-of-Experts model ({', '.join(SUPPORTED)})"
+        )
+    return found
+
+
+def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    # The decoder stack is the ModuleList whose children own an `mlp`; VLMs nest it under
+    # `language_model`, and the vision tower has its own (dense) blocks, so prefer text.
+    candidates = [
+        (name, mod) for name, mod in model.named_modules()
+        if isinstance(mod, nn.ModuleList) and name.endswith("layers") and len(mod)
+        and hasattr(mod[0], "mlp") and "visual" not in name and "vision" not in name
+    ]
+    if not candidates:
+        raise UnsupportedModelError(f"cannot find the decoder layers of {type(model).__name__}")
+    name, layers = candidates[0]
+    return [(f"{name}.{i}", layer) for i, layer in enumerate(layers)]

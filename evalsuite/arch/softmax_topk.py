@@ -1,0 +1,35 @@
+"""Softmax top-k routers: Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral, Qwen3-VL-MoE.
+
+probs = softmax(logits) in float32; the k largest are kept and renormalised when the router
+says so (`norm_topk_prob`; Mixtral and Qwen3-VL always renormalise). Qwen2-MoE's gated
+shared expert lives in the block and is left untouched.
+"""
+from __future__ import annotations
+
+import torch
+
+MODEL_TYPES = ("qwen3_moe", "qwen2_moe", "olmoe", "mixtral", "qwen3_vl_moe")
+ROUTER_ATTR = "gate"
+
+
+def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    weights = probs.gather(1, ids)
+    if getattr(router, "norm_topk_prob", True):
+        weights /= weights.sum(dim=-1, keepdim=True)
+    # Mixtral keeps float32 weights; the others cast back to the logits' dtype.
+    return weights if type(router).__name__.startswith("Mixtral") else weights.to(logits.dtype)
+
+
+def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
+    if experts_path.endswith(".mlp.experts") and _is_mixtral_key(read, experts_path):
+        prefix = experts_path.replace(".mlp.experts", ".block_sparse_moe.experts")
+        gate, up, down = (read(f"{prefix}.{expert}.{w}.weight") for w in ("w1", "w3", "w2"))
+    else:
+        gate, up, down = (read(f"{experts_path}.{expert}.{w}.weight") for w in ("gate_proj", "up_proj", "down_proj"))
+    return {"gate_up_proj": torch.cat([gate, up], dim=0), "down_proj": down}
+
+
+def _is_mixtral_key(read, experts_path: str) -> bool:
+    # Mixtral checkpoints keep the historical `block_sparse_moe.experts.{e}.w1/w2/w3` names.
+    return read.has(experts_path.replace(".mlp.experts", ".block_sparse_moe.experts") + ".0.w1.weight")
