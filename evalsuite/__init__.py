@@ -1,0 +1,11 @@
+"""evalsuite: accuracy, expert recall, cache hit rate and TPOT of offloaded MoE inference.
+
+    import evalsuite
+    engine = evalsuite.offload(model, mode="on-demand", cache_capacity=0.25, link="pcie4")
+    model.generate(...)
+    engine.stats()
+"""
+from .engine import MODES, Engine, offload
+
+__version__ = "0.1.0"
+__all__ = ["MODES", "Engine", "offload", "__version__"]

@@ -1,0 +1,4 @@
+"""The offload engine: expert store, device cache, transfers, and their wiring into a model."""
+from .offload import MODES, Engine, offload
+
+__all__ = ["MODES", "Engine", "offload"]

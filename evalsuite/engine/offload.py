@@ -1,0 +1,247 @@
+"""`offload()`: wire the store, cache and transfer engine into a transformers MoE model.
+
+The model keeps running through its own `forward`/`generate`; the engine registers an experts
+implementation with transformers (`ExpertsInterface`) that asks the cache for each expert a
+layer needs, waits only for copies not yet done, and computes in the eager kernel's order.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+from transformers.integrations.moe import ExpertsInterface
+
+from .. import arch
+from ..metrics import Counters, RequestTiming, summarise
+from .cache import POLICIES, ExpertCache, capacity_in_experts
+from .kernel import run_experts
+from .store import ExpertLayout, HostStore, SafetensorsStore
+from .transfer import TransferEngine, parse_link
+
+MODES = ("resident", "on-demand")
+STORES = ("host", "disk")
+IMPLEMENTATION = "evalsuite"
+
+
+def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
+    engine, layer = experts._evalsuite
+    return run_experts(experts, hidden_states, top_k_index, top_k_weights,
+                       lambda needed: engine.weights_in_order(layer, experts, needed))
+
+
+ExpertsInterface.register(IMPLEMENTATION, _engine_experts_forward)
+
+
+def offload(model, mode: str = "on-demand", cache_capacity=0.5, cache_policy: str = "lru",
+            cache_pools: str = "global", link=None, store: str = "host", checkpoint: str | None = None,
+            transfer_timeout_s: float = 60.0) -> "Engine":
+    """Patch a loaded transformers MoE model in place and return its engine handle.
+
+    mode            'resident' (experts stay in the model: the reference) or 'on-demand'
+                    (route, fetch the missing experts, compute).
+    cache_capacity  device expert slots: an int count, a float fraction of all experts,
+                    a size such as '256MiB', or 'all'.
+    cache_policy    'lru' or 'lfu'.   cache_pools  'global' or 'per-layer'.
+    link            None / 'native' (real copies), a profile (pcie3, pcie4, pcie5, nvlink-c2c,
+                    ufs4, ufs3, sdcard) or '8GB/s+20us': emulated transfer time.
+    store           'host' (pinned host memory) or 'disk' (read lazily from the safetensors
+                    checkpoint at `checkpoint`, default the model's own directory).
+    """
+    return Engine(model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
+                  transfer_timeout_s)
+
+
+class Engine:
+    def __init__(self, model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
+                 transfer_timeout_s):
+        _check_choice("mode", mode, MODES)
+        _check_choice("store", store, STORES)
+        _check_choice("cache_pools", cache_pools, ("global", "per-layer"))
+        _check_choice("cache_policy", cache_policy, POLICIES)
+        if getattr(model, "_evalsuite_engine", None) is not None:
+            raise ValueError("this model is already offloaded: close() its engine first")
+        self.model, self.mode = model, mode
+        self.family = arch.family_of(model)
+        self.layers = arch.sparse_layers(model)
+        self.layout = ExpertLayout.of(self.layers[0].experts)
+        if any(ExpertLayout.of(layer.experts) != self.layout for layer in self.layers):
+            raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
+        self.device = self.layers[0].experts.gate_up_proj.device
+        self.timeout_s = transfer_timeout_s
+        self.link = parse_link(link)
+        self.counters = {layer.index: Counters() for layer in self.layers}
+        self.requests: list[RequestTiming] = []
+        self.cache = self.store = self.transfers = None
+        if mode != "resident":
+            self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
+        self._previous_impl = model.config._experts_implementation
+        for layer in self.layers:
+            layer.experts._evalsuite = (self, layer.index)
+        model.set_experts_implementation(IMPLEMENTATION)
+        self._hooks = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                       model.register_forward_hook(self._after_forward)]
+        model._evalsuite_engine = self
+
+    # ---- construction -------------------------------------------------------------------
+    def _build_offload(self, cache_capacity, cache_policy, cache_pools, store, checkpoint):
+        total = sum(layer.num_experts for layer in self.layers)
+        capacity = capacity_in_experts(cache_capacity, total, self.layout.nbytes)
+        per_layer = cache_pools == "per-layer"
+        pool_size = capacity // len(self.layers) if per_layer else capacity
+        top_k = max(layer.top_k for layer in self.layers)
+        if pool_size < top_k:
+            need = top_k * (len(self.layers) if per_layer else 1)
+            raise ValueError(f"cache_capacity={cache_capacity!r} gives {pool_size} slots per pool, below "
+                             f"top-k={top_k}: one token's experts must fit; use at least {need} experts")
+        pin = self.device.type == "cuda"
+        if store == "host":
+            self.store = HostStore(self.layers, self.layout, pin)
+        else:
+            path = checkpoint or self.model.config._name_or_path
+            self.store = SafetensorsStore(path, self.layers, self.layout, self.family, pin)
+        for layer in self.layers:  # the device now holds only what the cache holds
+            for name, _, _ in self.layout.fields:
+                empty = torch.empty(0, dtype=self.layout.dtype, device=self.device)
+                setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
+        self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
+                                 self.layout.dtype, self.device, cache_policy, per_layer)
+        self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
+
+    # ---- the hot path ---------------------------------------------------------------------
+    def weights_in_order(self, layer: int, experts, needed: list[int]):
+        """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
+        counters = self.counters[layer]
+        if self.cache is None:
+            for e in needed:
+                counters.expert_uses += 1
+                counters.hits += 1
+                yield e, {name: getattr(experts, name)[e] for name, _, _ in self.layout.fields}
+            return
+        waiting = deque((layer, e) for e in needed)
+        protect = set(waiting)
+        held: deque = deque()
+        try:
+            while waiting or held:
+                while waiting and (self.cache.resident(waiting[0]) or self.cache.can_place(layer, protect)):
+                    key = waiting.popleft()
+                    self._acquire(key, protect, counters)
+                    held.append(key)
+                if not held:
+                    raise RuntimeError(f"layer {layer}: no cache slot can be freed for {waiting[0]}")
+                key = held.popleft()
+                yield key[1], self._ready_views(key, counters)
+                self.cache.unpin(key)
+        finally:  # an exception mid-layer must not leave slots pinned
+            for key in held:
+                self.cache.unpin(key)
+
+    def prefetch(self, layer: int, experts) -> int:
+        """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
+        transfers started. Resident experts are skipped; a slot is taken only if one can be
+        freed without touching pinned or in-flight experts. Prefetching never changes outputs."""
+        if self.cache is None:
+            return 0
+        counters, started = self.counters[layer], 0
+        for e in experts:
+            key = (layer, int(e))
+            if self.cache.resident(key) or not self.cache.can_place(layer):
+                continue
+            slot, _ = self.cache.place(key)
+            self._submit(key, slot, counters, prefetch=True)
+            counters.prefetches += 1
+            started += 1
+        return started
+
+    def _submit(self, key, slot: int, counters: Counters, prefetch: bool = False) -> None:
+        transfer = self.transfers.submit(key, self.cache.slots[slot], prefetch)
+        self.cache.transfers[key] = transfer
+        counters.bytes_transferred += transfer.nbytes
+
+    def _acquire(self, key, protect, counters: Counters) -> None:
+        counters.expert_uses += 1
+        if self.cache.resident(key):
+            counters.hits += 1
+        else:
+            counters.misses += 1
+            slot, _ = self.cache.place(key, protect)
+            self._submit(key, slot, counters)
+        self.cache.pin(key)
+
+    def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
+        transfer = self.cache.transfers.get(key)
+        if transfer is not None:
+            counters.stall_s += transfer.wait(self.timeout_s)
+        return self.layout.views(self.cache.slots[self.cache.slot_of[key]])
+
+    # ---- per-request timing ---------------------------------------------------------------
+    def _before_forward(self, module, args, kwargs):
+        # transformers 5 generate passes `cache=`; direct calls use `past_key_values=`.
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is None or cache.get_seq_length() == 0:  # a new request: its prefill
+            self.requests.append(RequestTiming(time.perf_counter()))
+
+    def _after_forward(self, module, args, output):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.requests:
+            self.requests[-1].ends.append(time.perf_counter())
+
+    # ---- the handle -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters in total and per layer, TTFT / TPOT summaries, and the cache's size."""
+        total = Counters()
+        for c in self.counters.values():
+            total.add(c)
+        out = total.as_dict()
+        out.update(
+            mode=self.mode,
+            expert_bytes=self.layout.nbytes,
+            cache_experts=self.cache.slots.shape[0] if self.cache is not None else None,
+            device_expert_bytes=self.device_expert_bytes(),
+            requests=len(self.requests),
+            tokens=sum(len(r.ends) for r in self.requests),
+            ttft_ms=summarise(r.ttft_s for r in self.requests if r.ends),
+            tpot_ms=summarise(r.tpot_s for r in self.requests if r.ends),
+            layers={index: c.as_dict() for index, c in self.counters.items()},
+        )
+        return out
+
+    def device_expert_bytes(self) -> int:
+        """Bytes of expert weights allocated on the device (cache slots + model parameters)."""
+        params = sum(getattr(l.experts, name).nbytes for l in self.layers for name, _, _ in self.layout.fields)
+        return params + (self.cache.nbytes if self.cache is not None else 0)
+
+    def reset_stats(self) -> None:
+        self.counters = {index: Counters() for index in self.counters}
+        self.requests = []
+
+    def close(self) -> None:
+        """Stop transfers, put the experts back into the model and restore its kernel."""
+        if getattr(self.model, "_evalsuite_engine", None) is not self:
+            return
+        if self.transfers is not None:
+            self.transfers.close()
+            for layer in self.layers:
+                for name, shape, _ in self.layout.fields:
+                    fused = torch.stack([self.layout.views(self.store.read((layer.index, e)))[name].clone()
+                                         for e in range(layer.num_experts)]).to(self.device)
+                    setattr(layer.experts, name, torch.nn.Parameter(fused, requires_grad=False))
+            self.cache = None
+        for hook in self._hooks:
+            hook.remove()
+        for layer in self.layers:
+            del layer.experts._evalsuite
+        self.model.set_experts_implementation(self._previous_impl)
+        self.model._evalsuite_engine = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of: {', '.join(choices)}")

@@ -1,0 +1,75 @@
+"""One definition of every metric evalsuite reports.
+
+expert use     one expert executed by one sparse layer in one forward pass, however many tokens
+               it serves (a decode step of batch 1 with top-k routing makes k uses per layer).
+hit            an expert use whose expert was already in the device cache, or on its way there
+               from a prefetch (no new transfer).
+miss           an expert use that started a transfer; hits + misses = uses.
+prefetch       a transfer started ahead of need; bytes transferred = (misses + prefetches) x
+               expert bytes.
+hit rate       hits / uses.
+stall          wall time the compute waited for expert transfers to land.
+TTFT           time to first token: wall time of a request's first forward pass (the prefill).
+TPOT           time per output token: (end of the last forward - end of the first) / (n - 1)
+               for a request whose generation ran n forward passes; requests with n = 1 have none.
+Request-level values are summarised across requests by mean and median.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Counters:
+    """Engine counters of one sparse layer (or the sum of all)."""
+
+    expert_uses: int = 0
+    hits: int = 0
+    misses: int = 0
+    prefetches: int = 0
+    bytes_transferred: int = 0
+    stall_s: float = 0.0
+
+    def add(self, other: "Counters") -> "Counters":
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def as_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out["hit_rate"] = hit_rate(self.hits, self.expert_uses)
+        return out
+
+
+@dataclass
+class RequestTiming:
+    """Forward-pass end times of one request (one prefill, then one per decode step)."""
+
+    start: float
+    ends: list[float] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.ends[0] - self.start
+
+    @property
+    def tpot_s(self) -> float | None:
+        return tpot(self.ends)
+
+
+def hit_rate(hits: int, uses: int) -> float | None:
+    return hits / uses if uses else None
+
+
+def tpot(ends: list[float]) -> float | None:
+    """Time per output token from the end times of a request's forward passes."""
+    return (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else None
+
+
+def summarise(values) -> dict:
+    """Mean and median of the values that exist, in milliseconds."""
+    values = [v * 1e3 for v in values if v is not None]
+    if not values:
+        return {"mean": None, "median": None, "n": 0}
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "n": len(values)}
