@@ -1,0 +1,80 @@
+"""Greedy generation under several execution modes, side by side (`evalsuite generate`).
+
+Each mode runs on a fresh copy of the model, so modes never share cache state; tokens are
+compared with the resident run, which is the reference.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from tqdm import tqdm
+
+from .engine import offload
+
+DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
+
+
+def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
+    """A model and its tokenizer: a directory/hub id, or `tiny:<model_type>` (random weights)."""
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    if spec.startswith("tiny:"):
+        from .arch.tiny import TINY, tiny_model
+
+        model_type = spec.split(":", 1)[1]
+        if model_type not in TINY:
+            raise ValueError(f"unknown tiny model {model_type!r}: use one of {', '.join(TINY)}")
+        return tiny_model(model_type, dtype=torch_dtype).to(device), None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype).to(device).eval()
+    model.set_experts_implementation("eager")  # the kernel the engine reproduces bit for bit
+    return model, AutoTokenizer.from_pretrained(spec)
+
+
+def encode(prompts, tokenizer, vocab_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded input ids and attention mask (random ids when there is no tokenizer)."""
+    if tokenizer is None:
+        g = torch.Generator().manual_seed(0)
+        rows = [torch.randint(3, vocab_size, (8 + 3 * i,), generator=g) for i in range(len(prompts))]
+    else:
+        rows = [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids.to(device), mask.to(device)
+
+
+def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=16, **engine_options):
+    """Run every prompt (batch 1, greedy) under each mode; one result row per mode."""
+    rows, reference = [], None
+    inputs = [encode([p], tokenizer, model.config.get_text_config().vocab_size, model.device) for p in prompts]
+    for mode in tqdm(modes, desc="modes", disable=len(modes) < 2):
+        run = copy.deepcopy(model)
+        options = {} if mode == "resident" else engine_options
+        with offload(run, mode=mode, **options) as engine, torch.no_grad():
+            outputs = [run.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                    pad_token_id=0) for ids, mask in inputs]
+            stats = engine.stats()
+        same = None if reference is None else all(torch.equal(a, b) for a, b in zip(outputs, reference))
+        reference = outputs if mode == "resident" else reference
+        rows.append({"mode": mode, "same_as_resident": same, **stats,
+                     "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})
+    return rows
+
+
+def format_table(rows) -> str:
+    header = f"{'mode':<18}{'same':>6}{'uses':>7}{'hit rate':>10}{'MB moved':>10}{'stall ms':>10}{'TTFT ms':>9}{'TPOT ms':>9}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
+        same = {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]]
+        lines.append(f"{r['mode']:<18}{same:>6}{r['expert_uses']:>7}{hit:>10}{r['bytes_transferred'] / 1e6:>10.2f}"
+                     f"{r['stall_s'] * 1e3:>10.1f}{_ms(r['ttft_ms']):>9}{_ms(r['tpot_ms']):>9}")
+    return "\n".join(lines)
+
+
+def _ms(summary) -> str:
+    return "-" if summary["median"] is None else f"{summary['median']:.2f}"

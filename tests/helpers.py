@@ -1,0 +1,31 @@
+"""Shared test helpers: cached tiny reference models and left-padded prompt batches."""
+import functools
+import os
+
+import torch
+
+from evalsuite.arch.tiny import tiny_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Tiny models gain nothing from intra-op threads, and oversubscribed cores slow them 100x.
+torch.set_num_threads(1)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@functools.lru_cache(maxsize=None)
+def reference_model(model_type: str, dtype: str = "float32"):
+    """A cached tiny model per (model_type, dtype): read-only, deepcopy it to modify."""
+    return tiny_model(model_type, dtype=DTYPES[dtype])
+
+
+def batch(size: int, seq: int = 10, vocab: int = 128, seed: int = 0):
+    """Random prompts, left-padded by different amounts, with their attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (size, seq), generator=g)
+    mask = torch.ones_like(ids)
+    for row in range(1, size):
+        pad = (2 * row) % (seq - 2)
+        ids[row, :pad], mask[row, :pad] = 0, 0
+    return ids, mask

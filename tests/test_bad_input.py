@@ -1,0 +1,88 @@
+"""Bad input gets a clear one-line error that says what to do."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import evalsuite
+from evalsuite.arch import UnsupportedModelError
+
+from .helpers import reference_model
+
+
+def fresh(model_type="qwen3_moe"):
+    return copy.deepcopy(reference_model(model_type, "float32"))
+
+
+def test_dense_model_names_the_supported_types():
+    dense = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=64))
+    with pytest.raises(UnsupportedModelError, match="'llama' is not supported; evalsuite offloads: .*qwen3_moe"):
+        evalsuite.offload(dense)
+
+
+def test_moe_config_without_sparse_layers():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    model.config.model_type = "qwen3_moe"
+    for layer in model.model.layers:
+        del layer.mlp.experts
+    with pytest.raises(UnsupportedModelError, match="no sparse MoE layers"):
+        evalsuite.offload(model)
+
+
+@pytest.mark.parametrize("capacity,pools", [(1, "global"), (5, "per-layer"), ("100B", "global")])
+def test_capacity_below_top_k(capacity, pools):
+    with pytest.raises(ValueError, match="below top-k=2.*use at least"):
+        evalsuite.offload(fresh(), cache_capacity=capacity, cache_pools=pools)
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("mode", "fast", "mode='fast' is not one of: resident, on-demand"),
+    ("cache_policy", "mru", "cache_policy='mru' is not one of: lru, lfu"),
+    ("cache_pools", "shared", "cache_pools='shared'"),
+    ("store", "tape", "store='tape'"),
+    ("link", "carrier-pigeon", "unknown link 'carrier-pigeon'"),
+    ("cache_capacity", 0, "at least one expert"),
+    ("cache_capacity", 2.5, r"fraction must lie in \(0, 1\]"),
+])
+def test_bad_options(option, value, message):
+    model = fresh()
+    with pytest.raises(ValueError, match=message):
+        evalsuite.offload(model, **{option: value})
+    assert model.model.layers[0].mlp.experts.gate_up_proj.numel() > 0  # nothing was taken out
+
+
+def test_disk_store_without_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no safetensors checkpoint"):
+        evalsuite.offload(fresh(), store="disk", checkpoint=str(tmp_path))
+
+
+def test_offloading_twice_is_refused():
+    model = fresh()
+    with evalsuite.offload(model, cache_capacity=4):
+        with pytest.raises(ValueError, match="already offloaded"):
+            evalsuite.offload(model)
+    evalsuite.offload(model, cache_capacity=4).close()  # after close it can be offloaded again
+
+
+def test_cli_errors_are_one_line_with_exit_code_2():
+    result = subprocess.run([sys.executable, "-m", "evalsuite.cli", "generate", "--model", "tiny:llama"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "unknown tiny model 'llama': use one of" in result.stderr
+
+
+def test_cli_generate_table(tmp_path):
+    out = tmp_path / "rows.json"
+    result = subprocess.run([sys.executable, "-m", "evalsuite.cli", "generate", "--model", "tiny:deepseek_v3",
+                             "--max-new-tokens", "3", "--cache-capacity", "2", "--link", "pcie4", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["mode", "same", "uses"]
+    assert lines[2].split()[:2] == ["resident", "ref"] and lines[3].split()[:2] == ["on-demand", "yes"]
+    assert out.exists()

@@ -1,0 +1,76 @@
+"""Eviction policies, pinning and capacity parsing of the device expert cache."""
+import pytest
+import torch
+
+from evalsuite.engine.cache import ExpertCache, capacity_in_experts
+
+
+def make(capacity=2, policy="lru", per_layer=False, layers=(0, 1)):
+    return ExpertCache(layers, capacity, numel=4, dtype=torch.float32, device="cpu", policy=policy, per_layer=per_layer)
+
+
+def use(cache, key):
+    if not cache.resident(key):
+        cache.place(key)
+    cache.pin(key)
+    cache.unpin(key)
+
+
+def test_lru_evicts_least_recent():
+    cache = make()
+    use(cache, (0, 1)), use(cache, (0, 2)), use(cache, (0, 1))
+    _, evicted = cache.place((0, 3))
+    assert evicted == (0, 2) and cache.resident((0, 1))
+
+
+def test_lfu_evicts_least_used():
+    cache = make(policy="lfu")
+    for _ in range(3):
+        use(cache, (0, 1))
+    use(cache, (0, 2))
+    use(cache, (0, 1))
+    _, evicted = cache.place((0, 3))
+    assert evicted == (0, 2)
+
+
+def test_pinned_and_in_flight_experts_are_never_evicted():
+    class Pending:
+        done = type("E", (), {"is_set": staticmethod(lambda: False)})()
+
+    cache = make()
+    cache.place((0, 1)); cache.pin((0, 1))
+    cache.place((0, 2)); cache.transfers[(0, 2)] = Pending()
+    assert not cache.can_place(0)
+    with pytest.raises(RuntimeError, match="pinned"):
+        cache.place((0, 3))
+
+
+def test_protected_keys_are_evicted_last():
+    cache = make()
+    use(cache, (0, 1)), use(cache, (0, 2))
+    _, evicted = cache.place((0, 3), protect={(0, 1)})
+    assert evicted == (0, 2)
+
+
+def test_per_layer_pools_do_not_share_slots():
+    cache = make(capacity=4, per_layer=True)
+    use(cache, (0, 1)), use(cache, (0, 2)), use(cache, (1, 5))
+    _, evicted = cache.place((0, 3))
+    assert evicted == (0, 1) and cache.resident((1, 5))
+    assert cache.slots_per_layer(0) == cache.slots_per_layer(1) == 2
+
+
+def test_slots_are_one_allocation_of_capacity_rows():
+    cache = make(capacity=3)
+    assert cache.slots.shape == (3, 4) and cache.nbytes == 3 * 4 * 4
+
+
+@pytest.mark.parametrize("spec,expected", [(5, 5), (0.25, 16), ("all", 64), (1.0, 64), ("1KiB", 8), ("2KB", 15), (100, 64)])
+def test_capacity_forms(spec, expected):
+    assert capacity_in_experts(spec, total_experts=64, expert_bytes=128) == expected
+
+
+@pytest.mark.parametrize("spec", [0.0, 1.5, -2.0, "lots", "12 parsecs", True])
+def test_bad_capacity_is_rejected(spec):
+    with pytest.raises(ValueError, match="cache_capacity"):
+        capacity_in_experts(spec, total_experts=64, expert_bytes=128)
