@@ -23,6 +23,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-pools", default="global", help="global | per-layer")
     p.add_argument("--link", default=None, help="pcie3 | pcie4 | pcie5 | nvlink-c2c | ufs4 | ufs3 | sdcard | '8GB/s+20us'")
     p.add_argument("--store", default="host", help="host (pinned memory) | disk (mmap of the safetensors files)")
+    p.add_argument("--predictor", default=None, help="gate | quasi | adapter | estimator | oracle | frequency | hybrid")
+    p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
 def cmd_generate(args) -> int:
@@ -32,18 +34,46 @@ def cmd_generate(args) -> int:
     rows = compare_modes(model, tokenizer, args.modes.split(","), prompts=args.prompt or _default_prompts(),
                          max_new_tokens=args.max_new_tokens, cache_capacity=args.cache_capacity,
                          cache_policy=args.cache_policy, cache_pools=args.cache_pools, link=args.link,
-                         store=args.store)
+                         store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
-    return 0 if all(r["same_as_resident"] is not False for r in rows) else 1
+    # on-demand and router-preserving must reproduce resident exactly; speculative may not
+    broken = [r["mode"] for r in rows if r["mode"] in ("on-demand", "router-preserving") and not r["same_as_resident"]]
+    if broken:
+        print(f"evalsuite: error: {', '.join(broken)} changed the output", file=sys.stderr)
+    return 1 if broken else 0
 
 
 def _default_prompts():
     from .generate import DEMO_PROMPTS
 
     return DEMO_PROMPTS
+
+
+def cmd_calibrate(args) -> int:
+    import os
+
+    from .generate import load_model
+    from .predict.calibrate import calibrate, calibration_texts, token_batches
+
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    # a random-weight tiny model has no tokenizer: random token ids serve as well as text
+    texts = calibration_texts(args.data, args.prompts) if tokenizer is not None else [""] * args.prompts
+    batches = list(token_batches(texts, tokenizer, model.config.get_text_config().vocab_size, max_len=args.max_len))
+    artifact = calibrate(model, batches, args.predictor, rank=args.rank, horizon=args.horizon, hidden=args.hidden,
+                         epochs=args.epochs, lr=args.lr)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "predictor.safetensors")
+    artifact.save(path)
+    meta = artifact.meta
+    print(f"calibrated on {meta['tokens']} tokens; wrote {path}")
+    for name, per_layer in meta["recall"].items():
+        print(f"  recall@K {name:<6}" + " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items()))
+    for name, loss in meta["final_loss"].items():
+        print(f"  final KL {name}: {loss:.4f}")
+    return 0
 
 
 def cmd_train_tiny(args) -> int:
@@ -66,6 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", help="also write the rows to this JSON file")
     _add_engine_options(g)
     g.set_defaults(run=cmd_generate)
+
+    c = sub.add_parser("calibrate", help="routing traces -> default vectors, adapters, estimators (an artifact)")
+    c.add_argument("--model", required=True, help="model directory, or tiny:<model_type>")
+    c.add_argument("--predictor", default="all", help="quasi | adapter | estimator | hybrid | frequency | all")
+    c.add_argument("--data", help="JSONL of calibration texts (default: the project's generated training data)")
+    c.add_argument("--out", required=True, help="directory for predictor.safetensors")
+    c.add_argument("--prompts", type=int, default=256, help="calibration texts to use")
+    c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--rank", type=int, default=16, help="adapter rank r (trainable parameters r(D+E) each)")
+    c.add_argument("--horizon", type=int, default=1, choices=(1, 2))
+    c.add_argument("--hidden", type=int, default=64, help="estimator hidden width")
+    c.add_argument("--epochs", type=int, default=30)
+    c.add_argument("--lr", type=float, default=1e-3)
+    c.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    c.add_argument("--device", default="cpu")
+    c.set_defaults(run=cmd_calibrate)
 
     t = sub.add_parser("train-tiny", help="train the shipped tiny MoE models", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)

@@ -53,25 +53,41 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
     inputs = [encode([p], tokenizer, model.config.get_text_config().vocab_size, model.device) for p in prompts]
     for mode in tqdm(modes, desc="modes", disable=len(modes) < 2):
         run = copy.deepcopy(model)
-        options = {} if mode == "resident" else engine_options
+        options = {} if mode == "resident" else dict(engine_options)
+        if mode == "on-demand":
+            options.pop("predictor", None), options.pop("predictor_path", None)
         with offload(run, mode=mode, **options) as engine, torch.no_grad():
             outputs = [run.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=0) for ids, mask in inputs]
             stats = engine.stats()
         same = None if reference is None else all(torch.equal(a, b) for a, b in zip(outputs, reference))
+        divergence = None if reference is None else [divergence_from(o, r, i.shape[1])
+                                                      for o, r, (i, _) in zip(outputs, reference, inputs)]
         reference = outputs if mode == "resident" else reference
-        rows.append({"mode": mode, "same_as_resident": same, **stats,
+        rows.append({"mode": mode, "same_as_resident": same, "divergence": divergence, **stats,
                      "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})
     return rows
 
 
+def divergence_from(output: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> dict:
+    """First generated position where greedy tokens differ (None if never) and the share of
+    generated positions whose tokens are identical."""
+    a, b = output[0, prompt_len:].tolist(), reference[0, prompt_len:].tolist()
+    n = max(len(a), len(b))
+    same = [i < len(a) and i < len(b) and a[i] == b[i] for i in range(n)]
+    first = next((i for i, s in enumerate(same) if not s), None)
+    return {"first_divergence": first, "identical_share": sum(same) / n if n else 1.0}
+
+
 def format_table(rows) -> str:
-    header = f"{'mode':<18}{'same':>6}{'uses':>7}{'hit rate':>10}{'MB moved':>10}{'stall ms':>10}{'TTFT ms':>9}{'TPOT ms':>9}"
+    header = (f"{'mode':<18}{'same':>6}{'recall':>8}{'uses':>7}{'hit rate':>10}{'MB moved':>10}{'stall ms':>10}"
+              f"{'TTFT ms':>9}{'TPOT ms':>9}")
     lines = [header, "-" * len(header)]
     for r in rows:
         hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
         same = {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]]
-        lines.append(f"{r['mode']:<18}{same:>6}{r['expert_uses']:>7}{hit:>10}{r['bytes_transferred'] / 1e6:>10.2f}"
+        recall = "-" if not r["recall"] else f"{next(iter(r['recall'].values()))['mean'] or 0:.3f}"
+        lines.append(f"{r['mode']:<18}{same:>6}{recall:>8}{r['expert_uses']:>7}{hit:>10}{r['bytes_transferred'] / 1e6:>10.2f}"
                      f"{r['stall_s'] * 1e3:>10.1f}{_ms(r['ttft_ms']):>9}{_ms(r['tpot_ms']):>9}")
     return "\n".join(lines)
 

@@ -7,6 +7,10 @@ hit            an expert use whose expert was already in the device cache, or on
 miss           an expert use that started a transfer; hits + misses = uses.
 prefetch       a transfer started ahead of need; bytes transferred = (misses + prefetches) x
                expert bytes.
+prefetch precision  prefetched experts later used while resident / prefetches; a prefetched
+               expert evicted before any use is a wasted transfer.
+recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
+               averaged within a sample, then across samples (SpecPrefetch); see modes.py.
 hit rate       hits / uses.
 stall          wall time the compute waited for expert transfers to land.
 TTFT           time to first token: wall time of a request's first forward pass (the prefill).
@@ -28,6 +32,8 @@ class Counters:
     hits: int = 0
     misses: int = 0
     prefetches: int = 0
+    prefetch_used: int = 0
+    prefetch_wasted: int = 0
     bytes_transferred: int = 0
     stall_s: float = 0.0
 
@@ -39,6 +45,7 @@ class Counters:
     def as_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["hit_rate"] = hit_rate(self.hits, self.expert_uses)
+        out["prefetch_precision"] = self.prefetch_used / self.prefetches if self.prefetches else None
         return out
 
 

@@ -83,6 +83,25 @@ def test_cli_generate_table(tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:3] == ["mode", "same", "uses"]
+    assert lines[0].split()[:4] == ["mode", "same", "recall", "uses"]
     assert lines[2].split()[:2] == ["resident", "ref"] and lines[3].split()[:2] == ["on-demand", "yes"]
     assert out.exists()
+
+
+def test_cli_calibrate_then_generate_with_the_artifact(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "evalsuite.cli"]
+    made = subprocess.run(cli + ["calibrate", "--model", "tiny:qwen3_moe", "--out", str(tmp_path), "--prompts", "8",
+                                 "--epochs", "1", "--predictor", "estimator"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert made.returncode == 0, made.stderr
+    assert "recall@K quasi" in made.stdout and (tmp_path / "predictor.safetensors").exists()
+    used = subprocess.run(cli + ["generate", "--model", "tiny:qwen3_moe", "--modes", "resident,speculative",
+                                 "--predictor", "estimator", "--predictor-path", str(tmp_path / "predictor.safetensors"),
+                                 "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=env)
+    assert used.returncode == 0, used.stderr  # speculative may differ from resident without failing
+    assert used.stdout.splitlines()[-1].split()[0] == "speculative"
+    bad = subprocess.run(cli + ["calibrate", "--model", "tiny:qwen3_moe", "--out", str(tmp_path), "--predictor", "x"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "cannot calibrate predictor='x'" in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0

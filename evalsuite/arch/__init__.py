@@ -5,6 +5,8 @@ Each family module defines:
   ROUTER_ATTR    the attribute of the MoE block that holds the router
   route_weights(router, logits, ids) -> [T, K] weights the layer's own formula gives an
                  arbitrary expert set `ids` (speculative execution needs this)
+  selection_scores(router, logits) -> [T, E] scores whose top-k is the router's choice
+                 (predictors rank experts with it)
   read_expert(read, experts_path, expert) -> {param name: tensor} for one expert, read
                  from a checkpoint through `read(key)` (the disk tier needs this)
 Everything else (finding the sparse layers, the fused weight layout) is read off the model.
@@ -35,6 +37,7 @@ class SparseLayer:
     router: nn.Module
     experts: nn.Module
     experts_path: str  # module path of the experts, also their checkpoint key prefix
+    norm: nn.Module  # the pre-router norm (post_attention_layernorm): its input is the residual
 
     @property
     def top_k(self) -> int:
@@ -74,7 +77,7 @@ def sparse_layers(model: nn.Module) -> list[SparseLayer]:
         if experts is None or not hasattr(experts, "gate_up_proj"):
             continue  # a dense layer (first_k_dense_replace, mlp_only_layers, ...)
         router = getattr(block, family.ROUTER_ATTR)
-        found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts"))
+        found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts", layer.post_attention_layernorm))
     if not found:
         raise UnsupportedModelError(
             f"model type {model_type(model)!r} has no sparse MoE layers in this configuration; "

@@ -26,6 +26,14 @@ def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     return weights * router.routed_scaling_factor
 
 
+def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
+    """Scores whose top-k is the router's choice, group limits aside: sigmoid + correction
+    bias for the sigmoid routers, the logits (monotonic in the softmax) for DeepSeek-V2."""
+    if hasattr(router, "e_score_correction_bias"):
+        return logits.float().sigmoid() + router.e_score_correction_bias.float()
+    return logits.float()
+
+
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
     gate, up, down = (read(f"{experts_path}.{expert}.{w}.weight") for w in ("gate_proj", "up_proj", "down_proj"))
     return {"gate_up_proj": torch.cat([gate, up], dim=0), "down_proj": down}

@@ -17,5 +17,10 @@ def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     return torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype)
 
 
+def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
+    """GPT-OSS takes the top-k of the (biased) logits."""
+    return logits.float()
+
+
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
     return {name: read(f"{experts_path}.{name}", index=expert) for name in _PARAMS}

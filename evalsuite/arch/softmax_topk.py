@@ -21,6 +21,11 @@ def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tens
     return weights if type(router).__name__.startswith("Mixtral") else weights.to(logits.dtype)
 
 
+def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
+    """Scores whose top-k is the router's choice (softmax is monotonic: the logits)."""
+    return logits.float()
+
+
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
     if experts_path.endswith(".mlp.experts") and _is_mixtral_key(read, experts_path):
         prefix = experts_path.replace(".mlp.experts", ".block_sparse_moe.experts")

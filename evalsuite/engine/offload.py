@@ -6,6 +6,7 @@ layer needs, waits only for copies not yet done, and computes in the eager kerne
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections import deque
 
@@ -14,12 +15,16 @@ from transformers.integrations.moe import ExpertsInterface
 
 from .. import arch
 from ..metrics import Counters, RequestTiming, summarise
+from ..modes import PredictionDriver
+from ..predict import Artifact, build_predictor
 from .cache import POLICIES, ExpertCache, capacity_in_experts
 from .kernel import run_experts
+from .scheduler import PrefetchScheduler
 from .store import ExpertLayout, HostStore, SafetensorsStore
 from .transfer import TransferEngine, parse_link
 
-MODES = ("resident", "on-demand")
+MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
+PREDICTING = ("router-preserving", "speculative", "hybrid")
 STORES = ("host", "disk")
 IMPLEMENTATION = "evalsuite"
 
@@ -35,11 +40,14 @@ ExpertsInterface.register(IMPLEMENTATION, _engine_experts_forward)
 
 def offload(model, mode: str = "on-demand", cache_capacity=0.5, cache_policy: str = "lru",
             cache_pools: str = "global", link=None, store: str = "host", checkpoint: str | None = None,
-            transfer_timeout_s: float = 60.0) -> "Engine":
+            transfer_timeout_s: float = 60.0, predictor: str | None = None, predictor_path: str | None = None,
+            artifact=None, horizon: int = 1, prefetch_budget: int | None = None, window: bool = True,
+            recall_k=None, drift_layers=None, drift_threshold: float = 0.6, preserve_layers=()) -> "Engine":
     """Patch a loaded transformers MoE model in place and return its engine handle.
 
-    mode            'resident' (experts stay in the model: the reference) or 'on-demand'
-                    (route, fetch the missing experts, compute).
+    mode            'resident' (experts stay in the model: the reference), 'on-demand' (route,
+                    fetch the missing experts, compute), 'router-preserving', 'speculative',
+                    'hybrid' (see evalsuite.modes).
     cache_capacity  device expert slots: an int count, a float fraction of all experts,
                     a size such as '256MiB', or 'all'.
     cache_policy    'lru' or 'lfu'.   cache_pools  'global' or 'per-layer'.
@@ -47,14 +55,25 @@ def offload(model, mode: str = "on-demand", cache_capacity=0.5, cache_policy: st
                     ufs4, ufs3, sdcard) or '8GB/s+20us': emulated transfer time.
     store           'host' (pinned host memory) or 'disk' (read lazily from the safetensors
                     checkpoint at `checkpoint`, default the model's own directory).
+    predictor       gate | quasi | adapter | estimator | oracle | frequency | hybrid (default: gate,
+                    hybrid for mode 'hybrid'); `predictor_path` or `artifact` holds its calibration.
+                    In resident mode a predictor only measures recall.
+    horizon         predict h sparse layers ahead (1 or 2; speculation needs 1).
+    prefetch_budget candidates considered per prediction (default top-k); `window=False`
+                    submits them all, without the scheduler's will-it-land-in-time test.
+    recall_k        k values for recall@k (default [top-k]).
+    drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.modes.
     """
     return Engine(model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
-                  transfer_timeout_s)
+                  transfer_timeout_s, predictor, predictor_path, artifact, horizon, prefetch_budget, window,
+                  recall_k, drift_layers, drift_threshold, preserve_layers)
 
 
 class Engine:
     def __init__(self, model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
-                 transfer_timeout_s):
+                 transfer_timeout_s, predictor=None, predictor_path=None, artifact=None, horizon=1,
+                 prefetch_budget=None, window=True, recall_k=None, drift_layers=None, drift_threshold=0.6,
+                 preserve_layers=()):
         _check_choice("mode", mode, MODES)
         _check_choice("store", store, STORES)
         _check_choice("cache_pools", cache_pools, ("global", "per-layer"))
@@ -72,9 +91,24 @@ class Engine:
         self.link = parse_link(link)
         self.counters = {layer.index: Counters() for layer in self.layers}
         self.requests: list[RequestTiming] = []
-        self.cache = self.store = self.transfers = None
+        self.cache = self.store = self.transfers = self.driver = self.predictor = None
+        self.shadow = self.decoding = False
+        self._prefetched: set = set()  # prefetched experts not yet used
+        predictor = predictor or {"hybrid": "hybrid", "resident": None, "on-demand": None}.get(mode, "gate")
+        if predictor is not None:
+            self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers, drift_threshold)
         if mode != "resident":
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
+        if predictor is not None:
+            top_k = self.layers[0].top_k
+            scheduler = None
+            if mode in PREDICTING:
+                budget = prefetch_budget or top_k
+                if budget < top_k:
+                    raise ValueError(f"prefetch_budget={budget} is below top-k={top_k}")
+                scheduler = PrefetchScheduler(self, budget, window)
+            self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
+                                           preserve_layers, scheduler)
         self._previous_impl = model.config._experts_implementation
         for layer in self.layers:
             layer.experts._evalsuite = (self, layer.index)
@@ -84,6 +118,18 @@ class Engine:
         model._evalsuite_engine = self
 
     # ---- construction -------------------------------------------------------------------
+    def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):
+        if self.mode == "on-demand":
+            raise ValueError("mode 'on-demand' uses no predictor; choose router-preserving, speculative or hybrid")
+        if self.mode in ("speculative", "hybrid") and horizon != 1:
+            raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
+        if predictor_path is not None:
+            artifact = Artifact.load(predictor_path, self.model, self.layers)
+        if artifact is not None:
+            artifact = artifact.to(self.device)
+        self.predictor = build_predictor(name, self.layers, self.family, artifact, horizon, drift_layers,
+                                         drift_threshold)
+
     def _build_offload(self, cache_capacity, cache_policy, cache_pools, store, checkpoint):
         total = sum(layer.num_experts for layer in self.layers)
         capacity = capacity_in_experts(cache_capacity, total, self.layout.nbytes)
@@ -112,6 +158,10 @@ class Engine:
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
         counters = self.counters[layer]
+        if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
+            for e in needed:
+                yield e, self._stored_views(experts, layer, e)
+            return
         if self.cache is None:
             for e in needed:
                 counters.expert_uses += 1
@@ -136,6 +186,11 @@ class Engine:
             for key in held:
                 self.cache.unpin(key)
 
+    def _stored_views(self, experts, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        if self.store is None:
+            return {name: getattr(experts, name)[expert] for name, _, _ in self.layout.fields}
+        return self.layout.views(self.store.read((layer, expert)).to(self.device))
+
     def prefetch(self, layer: int, experts) -> int:
         """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
         transfers started. Resident experts are skipped; a slot is taken only if one can be
@@ -147,8 +202,10 @@ class Engine:
             key = (layer, int(e))
             if self.cache.resident(key) or not self.cache.can_place(layer):
                 continue
-            slot, _ = self.cache.place(key)
+            slot, evicted = self.cache.place(key)
+            self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=True)
+            self._prefetched.add(key)
             counters.prefetches += 1
             started += 1
         return started
@@ -162,11 +219,20 @@ class Engine:
         counters.expert_uses += 1
         if self.cache.resident(key):
             counters.hits += 1
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                counters.prefetch_used += 1
         else:
             counters.misses += 1
-            slot, _ = self.cache.place(key, protect)
+            slot, evicted = self.cache.place(key, protect)
+            self._evicted(evicted)
             self._submit(key, slot, counters)
         self.cache.pin(key)
+
+    def _evicted(self, key) -> None:
+        if key in self._prefetched:  # a prefetch that was never used
+            self._prefetched.discard(key)
+            self.counters[key[0]].prefetch_wasted += 1
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
         transfer = self.cache.transfers.get(key)
@@ -177,9 +243,27 @@ class Engine:
     # ---- per-request timing ---------------------------------------------------------------
     def _before_forward(self, module, args, kwargs):
         # transformers 5 generate passes `cache=`; direct calls use `past_key_values=`.
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        if cache is None or cache.get_seq_length() == 0:  # a new request: its prefill
+        cache_arg = "cache" if "cache" in kwargs else "past_key_values"
+        cache = kwargs.get(cache_arg)
+        self.decoding = cache is not None and cache.get_seq_length() > 0
+        if not self.decoding:  # a new request: its prefill
+            if self.driver is not None:
+                self.driver.end_request()
             self.requests.append(RequestTiming(time.perf_counter()))
+        if self.predictor is not None and self.predictor.name == "oracle":
+            self._shadow_pass(module, args, kwargs, cache_arg, cache)
+
+    def _shadow_pass(self, module, args, kwargs, cache_arg, cache):
+        """Run this forward pass once without side effects, recording the true routing."""
+        shadow_kwargs = dict(kwargs)
+        if cache is not None:
+            shadow_kwargs[cache_arg] = copy.deepcopy(cache)
+        self.shadow = True
+        try:
+            with torch.no_grad():
+                module.forward(*args, **shadow_kwargs)
+        finally:
+            self.shadow = False
 
     def _after_forward(self, module, args, output):
         if self.device.type == "cuda":
@@ -204,6 +288,8 @@ class Engine:
             ttft_ms=summarise(r.ttft_s for r in self.requests if r.ends),
             tpot_ms=summarise(r.tpot_s for r in self.requests if r.ends),
             layers={index: c.as_dict() for index, c in self.counters.items()},
+            predictor=self.predictor.name if self.predictor is not None else None,
+            recall=self.driver.recall() if self.driver is not None else None,
         )
         return out
 
@@ -215,6 +301,8 @@ class Engine:
     def reset_stats(self) -> None:
         self.counters = {index: Counters() for index in self.counters}
         self.requests = []
+        if self.driver is not None:
+            self.driver.reset()
 
     def close(self) -> None:
         """Stop transfers, put the experts back into the model and restore its kernel."""
@@ -230,6 +318,8 @@ class Engine:
             self.cache = None
         for hook in self._hooks:
             hook.remove()
+        if self.driver is not None:
+            self.driver.close()
         for layer in self.layers:
             del layer.experts._evalsuite
         self.model.set_experts_implementation(self._previous_impl)

@@ -95,14 +95,24 @@ class TransferEngine:
         self._link_free_at = 0.0  # when the emulated link finishes its last transfer
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
+        self._submitted = self._finished = 0
         self._worker = threading.Thread(target=self._serve, name="evalsuite-transfer", daemon=True)
         self._worker.start()
 
     def submit(self, key, dst: torch.Tensor, prefetch: bool = False) -> Transfer:
         """Queue a copy of expert `key` into `dst`; a prefetch waits behind every demand load."""
         transfer = Transfer(key, dst.numel() * dst.element_size())
+        self._submitted += 1
         self._queue.put((int(prefetch), next(self._order), transfer, dst))
         return transfer
+
+    def pending(self) -> int:
+        """Transfers submitted and not yet finished."""
+        return self._submitted - self._finished
+
+    def seconds_per_transfer(self) -> float | None:
+        """Measured link time per finished transfer (None before the first)."""
+        return self.busy_s / self._finished if self._finished else None
 
     def _serve(self) -> None:
         while (item := self._queue.get())[2] is not None:
@@ -129,6 +139,7 @@ class TransferEngine:
                 transfer.error = exc
             transfer.seconds = time.perf_counter() - start
             self.busy_s += transfer.seconds
+            self._finished += 1
             transfer.done.set()
 
     def close(self) -> None:

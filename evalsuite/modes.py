@@ -1,0 +1,113 @@
+"""Execution modes with expert prediction, as hooks on every sparse layer's router.
+
+router-preserving  the prediction only starts transfers; the native router decides what runs
+                   (output bit-identical to resident for every predictor).
+speculative        from the second sparse layer on, decode tokens execute the predicted experts,
+                   weighted by the layer's own routing formula applied to its router's logits
+                   for the predicted set (seed A); prefill routes natively, as seed A's engine
+                   does. The native router still runs as a shadow that scores recall and never
+                   touches the output.
+hybrid             speculative, with the estimator predicting the high-drift layers and the
+                   quasi-hidden-state predictor elsewhere (seed A's Hybrid-PF); layers listed in
+                   `preserve_layers` run router-preserving instead.
+
+Recall@k (SpecPrefetch): |top-k(predicted) ∩ top-K(native router)| / K per decode token, per
+target layer; averaged within a sample (a batch row of a request), then across samples.
+"""
+from __future__ import annotations
+
+import torch
+
+from .predict.predictors import LayerState
+
+SPECULATIVE = ("speculative", "hybrid")
+
+
+class PredictionDriver:
+    def __init__(self, engine, predictor, mode: str, horizon: int, recall_ks, preserve_layers, scheduler):
+        self.engine, self.predictor, self.mode, self.horizon = engine, predictor, mode, horizon
+        self.recall_ks, self.scheduler = tuple(recall_ks), scheduler
+        self.preserve = set(preserve_layers)
+        self.residual: dict[int, torch.Tensor] = {}
+        self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
+        self.finished: dict[int, dict[int, list[float]]] = {k: {} for k in self.recall_ks}  # k -> layer -> samples
+        self.current: dict = {}  # (k, layer) -> (sum per row, tokens per row) for the running request
+        self.hooks = []
+        for pos, layer in enumerate(engine.layers):
+            self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
+            self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
+
+    def _residual_hook(self, pos):
+        def hook(module, args):
+            self.residual[pos] = args[0].reshape(-1, args[0].shape[-1])
+        return hook
+
+    def _router_hook(self, pos):
+        def hook(module, args, output):
+            return self.on_router(pos, module, args[0].reshape(-1, args[0].shape[-1]), output)
+        return hook
+
+    def speculates(self, pos: int) -> bool:
+        return (self.mode in SPECULATIVE and pos > 0 and self.engine.decoding
+                and self.engine.layers[pos].index not in self.preserve)
+
+    def on_router(self, pos, router, x, output):
+        engine = self.engine
+        logits, weights, ids = output
+        if engine.shadow:  # the oracle's shadow pass only records the true routing
+            self.predictor.trace[pos] = ids
+            return None
+        if pos == 0:
+            self.pending.clear()
+        if self.scheduler is not None:
+            self.scheduler.layer_started(pos)
+        predicted = self.pending.pop(pos, None)
+        replaced = None
+        if predicted is not None and engine.decoding:
+            self._record_recall(pos, predicted, ids)
+        if predicted is not None and self.speculates(pos):
+            ids = predicted.topk(ids.shape[1], dim=-1).indices.to(ids.device)
+            weights = engine.family.route_weights(router, logits, ids)
+            replaced = (logits, weights, ids)
+        target = pos + self.horizon
+        if target < len(engine.layers):
+            state = LayerState(pos, x, self.residual.get(pos), ids, weights)
+            with torch.no_grad():
+                scores = self.predictor.scores(state, self.horizon)
+            self.pending[target] = scores
+            if self.scheduler is not None and engine.cache is not None:
+                self.scheduler.schedule(target, scores, self.horizon)
+        return replaced
+
+    def _record_recall(self, pos, predicted, native_ids):
+        K = native_ids.shape[1]
+        layer = self.engine.layers[pos].index
+        for k in self.recall_ks:
+            top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
+            hits = (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / K
+            total, count = self.current.get((k, layer), (0.0, 0))
+            self.current[(k, layer)] = (hits.cpu() + total, count + 1)
+
+    def end_request(self) -> None:
+        """Close the running request: its rows become samples."""
+        for (k, layer), (total, count) in self.current.items():
+            self.finished[k].setdefault(layer, []).extend((total / count).tolist())
+        self.current = {}
+
+    def recall(self) -> dict:
+        """recall@k per target layer (mean over samples) and over all layers, for each k."""
+        self.end_request()
+        out = {}
+        for k, layers in self.finished.items():
+            per_layer = {layer: sum(v) / len(v) for layer, v in sorted(layers.items()) if v}
+            mean = sum(per_layer.values()) / len(per_layer) if per_layer else None
+            out[k] = {"mean": mean, "layers": per_layer, "samples": max((len(v) for v in layers.values()), default=0)}
+        return out
+
+    def reset(self) -> None:
+        self.finished = {k: {} for k in self.recall_ks}
+        self.current = {}
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()

@@ -1,0 +1,31 @@
+"""Next-layer expert predictors and their calibration artifacts."""
+from __future__ import annotations
+
+from .artifact import Artifact, ArtifactError, fingerprint
+from .predictors import NEEDS_ARTIFACT, PREDICTORS, HybridPredictor, LayerState, Predictor
+
+PREDICTOR_NAMES = tuple(PREDICTORS) + ("hybrid",)
+
+
+def build_predictor(name: str, layers, family, artifact: Artifact | None = None, horizon: int = 1,
+                    drift_layers=None, drift_threshold: float = 0.6) -> Predictor:
+    """A predictor by name; `hybrid` picks its high-drift layers from the artifact's calibration
+    recall of the quasi predictor (below `drift_threshold`) unless `drift_layers` are given."""
+    if name not in PREDICTOR_NAMES:
+        raise ValueError(f"predictor={name!r} is not one of: {', '.join(PREDICTOR_NAMES)}")
+    if name in NEEDS_ARTIFACT and artifact is None:
+        raise ValueError(f"predictor {name!r} needs a calibration artifact: run `evalsuite calibrate --model M "
+                         f"--predictor {name} --out DIR` and pass predictor_path=DIR/predictor.safetensors")
+    if name == "hybrid":
+        if drift_layers is None:
+            recall = artifact.meta.get("recall", {}).get("quasi", {})
+            drift_layers = [int(layer) for layer, value in recall.items() if value < drift_threshold]
+        predictor = HybridPredictor(layers, family, artifact, drift_layers)
+    else:
+        predictor = PREDICTORS[name](layers, family, artifact)
+    if horizon not in predictor.horizons:
+        raise ValueError(f"predictor {name!r} predicts horizons {predictor.horizons}, not {horizon}")
+    return predictor
+
+
+__all__ = ["Artifact", "ArtifactError", "LayerState", "Predictor", "PREDICTOR_NAMES", "build_predictor", "fingerprint"]

@@ -1,0 +1,78 @@
+"""Calibration artifacts: one safetensors file with default vectors, expert frequencies,
+adapters and estimators, plus metadata that ties it to the model it was made for."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+FORMAT = "evalsuite-predictor/1"
+_VOLATILE = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_experts_implementation"}
+
+
+class ArtifactError(ValueError):
+    """A predictor artifact that cannot be used with this model."""
+
+
+def fingerprint(model, layers) -> str:
+    """A hash of the model's configuration and router weights (what predictions depend on most),
+    the same for a float32 model and its bfloat16 copy."""
+    config = {k: v for k, v in model.config.to_dict().items() if k not in _VOLATILE}
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    for layer in layers:
+        digest.update(layer.router.weight.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Artifact:
+    def __init__(self, tensors: dict[str, torch.Tensor], meta: dict):
+        self.tensors, self.meta = tensors, meta
+
+    def _get(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise ArtifactError(f"the predictor artifact has no {name!r}; recalibrate with the predictor you use "
+                                "(evalsuite calibrate --predictor ...)")
+        return self.tensors[name]
+
+    def default_vectors(self, layer: int) -> torch.Tensor:
+        return self._get(f"default_vectors.{layer}")
+
+    def frequency(self, layer: int) -> torch.Tensor:
+        return self._get(f"frequency.{layer}")
+
+    def adapter(self, layer: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._get(f"adapter.{layer}.{h}.A"), self._get(f"adapter.{layer}.{h}.B")
+
+    def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
+        return tuple(self._get(f"estimator.{layer}.{p}") for p in ("w1", "b1", "w2", "b2"))
+
+    def to(self, device) -> "Artifact":
+        return Artifact({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
+
+    def save(self, path: str) -> None:
+        meta = {"format": FORMAT, **{k: json.dumps(v) for k, v in self.meta.items()}}
+        save_file({k: v.contiguous() for k, v in self.tensors.items()}, path, metadata=meta)
+
+    @classmethod
+    def load(cls, path: str, model=None, layers=None) -> "Artifact":
+        """Read an artifact; with a model, refuse one calibrated for another model."""
+        try:
+            tensors = load_file(path)
+            with safe_open(path, framework="pt") as f:
+                raw = f.metadata() or {}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ArtifactError(f"cannot read predictor artifact {path!r} ({exc}); recreate it with "
+                                "evalsuite calibrate") from None
+        if raw.get("format") != FORMAT:
+            raise ArtifactError(f"{path!r} is not an evalsuite predictor artifact (format {raw.get('format')!r})")
+        meta = {k: json.loads(v) for k, v in raw.items() if k != "format"}
+        if model is not None:
+            mine = fingerprint(model, layers)
+            if meta.get("fingerprint") != mine:
+                raise ArtifactError(f"predictor artifact {path!r} was calibrated for model "
+                                    f"{meta.get('model', '?')} (fingerprint {meta.get('fingerprint')}), not this one "
+                                    f"({mine}); run evalsuite calibrate for this model")
+        return cls(tensors, meta)

@@ -1,0 +1,188 @@
+"""Calibration: routing traces on calibration prompts -> default vectors, expert frequencies,
+trained adapters and estimators, and per-layer recall, saved as one artifact.
+
+Run on the unmodified model (before `offload`). Targets are the frozen native routers: the
+adapters and estimators minimise KL(softmax(native logits) || softmax(predicted logits)).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .. import arch
+from ..engine.kernel import expert_mlp
+from ..engine.store import ExpertLayout
+from .artifact import Artifact, fingerprint
+from .predictors import GatePredictor, LayerState, QuasiPredictor, router_logits
+
+TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "estimator": ("estimator",),
+           "hybrid": ("estimator",), "all": ("adapter", "estimator")}
+
+
+@torch.no_grad()
+def collect(model, layers, batches) -> list[dict[str, torch.Tensor]]:
+    """Per sparse layer: router input x, residual, native logits, ids and weights of real tokens."""
+    trace = [{k: [] for k in ("x", "residual", "logits", "ids", "weights")} for _ in layers]
+    keep = {}
+    hooks = []
+    for pos, layer in enumerate(layers):
+        hooks.append(layer.norm.register_forward_pre_hook(
+            lambda m, args, pos=pos: trace[pos]["residual"].append(args[0].reshape(-1, args[0].shape[-1])[keep["m"]])))
+        hooks.append(layer.router.register_forward_hook(lambda m, args, out, pos=pos: _record(trace[pos], args, out, keep["m"])))
+    try:
+        for ids, mask in batches:
+            keep["m"] = mask.reshape(-1).bool()
+            model(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [{k: torch.cat(v) for k, v in t.items()} for t in trace]
+
+
+def _record(store, args, out, keep):
+    x = args[0].reshape(-1, args[0].shape[-1])
+    logits, weights, ids = out
+    for name, value in (("x", x), ("logits", logits), ("ids", ids), ("weights", weights)):
+        store[name].append(value[keep])
+
+
+@torch.no_grad()
+def default_vectors(layer, trace) -> torch.Tensor:
+    """Mean (unweighted) output of each expert over the calibration tokens routed to it."""
+    layout = ExpertLayout.of(layer.experts)
+    out = torch.zeros(layer.num_experts, trace["x"].shape[1])
+    for e in range(layer.num_experts):
+        tokens = (trace["ids"] == e).any(dim=1)
+        if tokens.any():
+            w = {name: getattr(layer.experts, name)[e] for name, _, _ in layout.fields}
+            out[e] = expert_mlp(layer.experts, trace["x"][tokens], w).float().mean(dim=0)
+    return out
+
+
+def _fit(params, forward, inputs, targets, epochs, lr, desc, batch_size=256) -> float:
+    """Minimise KL(softmax(targets) || softmax(forward(inputs))) with Adam; returns the last epoch's loss."""
+    optimizer = torch.optim.Adam(params, lr=lr)
+    target_logp = F.log_softmax(targets.float(), dim=-1)
+    loss_value = float("nan")
+    bar = tqdm(range(epochs), desc=desc, leave=False)
+    for _ in bar:
+        order, total = torch.randperm(len(inputs)), 0.0
+        for start in range(0, len(inputs), batch_size):
+            idx = order[start:start + batch_size]
+            pred = F.log_softmax(forward(inputs[idx]), dim=-1)
+            loss = F.kl_div(pred, target_logp[idx], log_target=True, reduction="batchmean")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(idx)
+        loss_value = total / len(inputs)
+        bar.set_postfix(kl=f"{loss_value:.4f}")
+    return loss_value
+
+
+def train_adapter(router, x, target_logits, rank, epochs, lr):
+    """Low-rank correction B A of the target router: B starts at zero, so untrained = gate."""
+    a = torch.nn.Parameter(torch.randn(rank, x.shape[1]) / x.shape[1] ** 0.5)
+    b = torch.nn.Parameter(torch.zeros(router.weight.shape[0], rank))
+    base = router_logits(router, x).detach()
+    loss = _fit([a, b], lambda rows: base[rows] + F.linear(F.linear(x[rows], a), b), torch.arange(len(x)),
+                target_logits, epochs, lr, "adapter")
+    return a.detach(), b.detach(), loss
+
+
+def train_estimator(q, target_logits, hidden, epochs, lr):
+    net = torch.nn.Sequential(torch.nn.Linear(q.shape[1], hidden), torch.nn.GELU(),
+                              torch.nn.Linear(hidden, target_logits.shape[1]))
+    loss = _fit(list(net.parameters()), lambda rows: net(q[rows]), torch.arange(len(q)), target_logits, epochs, lr,
+                "estimator")
+    return [t.detach() for t in (net[0].weight, net[0].bias, net[2].weight, net[2].bias)], loss
+
+
+def recall(scores: torch.Tensor, true_ids: torch.Tensor) -> float:
+    """Mean over tokens of |top-K(scores) ∩ true ids| / K."""
+    k = true_ids.shape[1]
+    predicted = scores.topk(k, dim=-1).indices
+    hits = (predicted.unsqueeze(-1) == true_ids.unsqueeze(1)).any(-1).sum(-1)
+    return (hits.float() / k).mean().item()
+
+
+def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: int = 1, hidden: int = 64,
+              epochs: int = 30, lr: float = 1e-3) -> Artifact:
+    """Everything the predictors need, from the model's own routing on `batches` of (ids, mask)."""
+    if predictor not in TRAINED:
+        raise ValueError(f"cannot calibrate predictor={predictor!r}: use one of {', '.join(TRAINED)}")
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    trace = collect(model, layers, batches)
+    tensors, meta, losses = {}, {}, {}
+    for pos, layer in enumerate(layers):
+        tensors[f"default_vectors.{layer.index}"] = default_vectors(layer, trace[pos])
+        tensors[f"frequency.{layer.index}"] = torch.bincount(trace[pos]["ids"].reshape(-1),
+                                                             minlength=layer.num_experts).float()
+    artifact = Artifact(tensors, meta)
+    quasi, gate = QuasiPredictor(layers, family, artifact), GatePredictor(layers, family, artifact)
+    recalls = {"gate": {}, "quasi": {}}
+    for pos, layer in enumerate(layers[:-1]):
+        t = trace[pos]
+        state = LayerState(pos, t["x"], t["residual"], t["ids"], t["weights"])
+        target = layers[pos + 1]
+        with torch.no_grad():
+            q = quasi.quasi_state(state).float()
+            # keys are strings, as they come back from the artifact's JSON metadata
+            recalls["gate"][str(target.index)] = recall(gate.scores(state, 1), trace[pos + 1]["ids"])
+            recalls["quasi"][str(target.index)] = recall(quasi.scores(state, 1), trace[pos + 1]["ids"])
+        if "adapter" in TRAINED[predictor]:
+            for h in range(1, horizon + 1):
+                if pos + h < len(layers):
+                    name = f"adapter.{layer.index}.{h}"
+                    a, b, losses[name] = train_adapter(layers[pos + h].router, t["x"].float(),
+                                                       trace[pos + h]["logits"], rank, epochs, lr)
+                    tensors[f"{name}.A"], tensors[f"{name}.B"] = a, b
+        if "estimator" in TRAINED[predictor]:
+            params, losses[f"estimator.{layer.index}"] = train_estimator(q, trace[pos + 1]["logits"], hidden,
+                                                                          epochs, lr)
+            for name, value in zip(("w1", "b1", "w2", "b2"), params):
+                tensors[f"estimator.{layer.index}.{name}"] = value
+    meta.update(fingerprint=fingerprint(model, layers), model=model.config._name_or_path or model.config.model_type,
+                model_type=arch.model_type(model), predictor=predictor, rank=rank, horizon=horizon, hidden=hidden,
+                layers=[l.index for l in layers], tokens=int(trace[0]["x"].shape[0]), final_loss=losses,
+                recall=recalls)
+    return artifact
+
+
+
+def calibration_texts(data: str | None, limit: int) -> list[str]:
+    """Texts from a JSONL file (fields text, prompt+completion or question+answer), or by
+    default the project's own generated training data (never its held-out tasks)."""
+    import json
+
+    if data is None:
+        from ..zoo.corpus import training_corpus
+
+        items = training_corpus(seed=7, size_per_skill=max(1, limit // 4))
+    else:
+        with open(data) as f:
+            items = [json.loads(line) for line in f if line.strip()]
+    texts = [item.get("text") or (item.get("prompt", "") + item.get("completion", "")) or
+             (item.get("question", "") + "\n" + str(item.get("answer", ""))) for item in items[:limit]]
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ValueError(f"no calibration text in {data!r}: rows need a text, prompt or question field")
+    return texts
+
+
+def token_batches(texts, tokenizer, vocab_size: int, batch_size: int = 8, max_len: int = 128):
+    """(ids, mask) batches, right-padded; random ids when the model has no tokenizer."""
+    if tokenizer is None:
+        g = torch.Generator().manual_seed(0)
+        rows = [torch.randint(3, vocab_size, (max_len // 2,), generator=g) for _ in texts]
+    else:
+        rows = [torch.tensor(tokenizer(t)["input_ids"][:max_len]) for t in texts]
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        width = max(len(r) for r in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(chunk):
+            ids[i, :len(r)], mask[i, :len(r)] = r, 1
+        yield ids, mask

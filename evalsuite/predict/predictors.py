@@ -1,0 +1,140 @@
+"""Next-layer expert predictors. While sparse layer p runs, each scores the experts of layer p+h.
+
+A predictor returns [T, E] scores (higher = more likely) for the target layer; its top-k is the
+predicted expert set. Router-space predictors turn logits into scores with the family's
+`selection_scores`, so their top-k is what that router would choose from those logits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LayerState:
+    """What a predictor may read at sparse layer `pos` while it runs."""
+
+    pos: int  # position among the sparse layers
+    x: torch.Tensor  # router input [T, H]
+    residual: torch.Tensor  # residual stream after this layer's attention [T, H]
+    ids: torch.Tensor  # experts this layer executes [T, K]
+    weights: torch.Tensor  # their routing weights [T, K]
+
+
+def router_logits(router, x: torch.Tensor) -> torch.Tensor:
+    bias = getattr(router, "bias", None)
+    return F.linear(x.float(), router.weight.float(), None if bias is None else bias.float())
+
+
+class Predictor:
+    name = ""
+    horizons = (1,)  # how far ahead it can predict
+
+    def __init__(self, layers, family, artifact=None):
+        self.layers, self.family, self.artifact = layers, family, artifact
+
+    def scores(self, state: LayerState, h: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _from_logits(self, target: int, logits: torch.Tensor) -> torch.Tensor:
+        return self.family.selection_scores(self.layers[target].router, logits)
+
+
+class GatePredictor(Predictor):
+    """Layer p+h's router applied to layer p's router input (FATE / mixtral-offloading)."""
+
+    name, horizons = "gate", (1, 2)
+
+    def scores(self, state, h):
+        target = state.pos + h
+        return self._from_logits(target, router_logits(self.layers[target].router, state.x))
+
+
+class QuasiPredictor(Predictor):
+    """Seed A: q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts of w_e * default_vector[e];
+    layer p+1's router applied to q."""
+
+    name = "quasi"
+
+    def quasi_state(self, state: LayerState) -> torch.Tensor:
+        vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
+        d = (state.weights.float().unsqueeze(-1) * vectors[state.ids]).sum(dim=1)
+        norm = self.layers[state.pos + 1].norm
+        return norm((state.residual.float() + d).to(state.residual.dtype))
+
+    def scores(self, state, h):
+        target = state.pos + 1
+        return self._from_logits(target, router_logits(self.layers[target].router, self.quasi_state(state)))
+
+
+class EstimatorPredictor(QuasiPredictor):
+    """Seed A's lightweight estimator: a small feed-forward net from q to layer p+1's logits."""
+
+    name = "estimator"
+
+    def scores(self, state, h):
+        w1, b1, w2, b2 = self.artifact.estimator(self.layers[state.pos].index)
+        hidden = F.gelu(F.linear(self.quasi_state(state).float(), w1, b1))
+        return self._from_logits(state.pos + 1, F.linear(hidden, w2, b2))
+
+
+class AdapterPredictor(Predictor):
+    """Seed B: logits = (W_gate^{p+h} + B A) x_p, one low-rank adapter per (layer, horizon)."""
+
+    name, horizons = "adapter", (1, 2)
+
+    def scores(self, state, h):
+        target = state.pos + h
+        a, b = self.artifact.adapter(self.layers[state.pos].index, h)
+        logits = router_logits(self.layers[target].router, state.x) + F.linear(F.linear(state.x.float(), a), b)
+        return self._from_logits(target, logits)
+
+
+class FrequencyPredictor(Predictor):
+    """The floor: each layer's most used experts on calibration data, whatever the input."""
+
+    name, horizons = "frequency", (1, 2)
+
+    def scores(self, state, h):
+        counts = self.artifact.frequency(self.layers[state.pos + h].index)
+        return counts.float().expand(state.x.shape[0], -1)
+
+
+class OraclePredictor(Predictor):
+    """The upper bound: the routing a shadow pass recorded for this very forward pass."""
+
+    name, horizons = "oracle", (1, 2)
+
+    def __init__(self, layers, family, artifact=None):
+        super().__init__(layers, family, artifact)
+        self.trace: dict[int, torch.Tensor] = {}  # position -> [T, K] ids, filled by the shadow pass
+
+    def scores(self, state, h):
+        ids = self.trace[state.pos + h]
+        k = ids.shape[1]  # scores K, K-1, ... keep the router's own order under top-k
+        ranks = torch.arange(k, 0, -1, dtype=torch.float32, device=ids.device).expand(ids.shape[0], -1)
+        scores = torch.zeros(ids.shape[0], self.layers[state.pos + h].num_experts, device=ids.device)
+        return scores.scatter(1, ids, ranks)
+
+
+class HybridPredictor(QuasiPredictor):
+    """Seed A's Hybrid-PF: the estimator in high-drift layers, the quasi predictor elsewhere."""
+
+    name = "hybrid"
+
+    def __init__(self, layers, family, artifact, drift_layers):
+        super().__init__(layers, family, artifact)
+        self.drift_layers = set(drift_layers)  # decoder indices of the target layers
+        self.estimator = EstimatorPredictor(layers, family, artifact)
+
+    def scores(self, state, h):
+        if self.layers[state.pos + 1].index in self.drift_layers:
+            return self.estimator.scores(state, h)
+        return super().scores(state, h)
+
+
+PREDICTORS = {p.name: p for p in (GatePredictor, QuasiPredictor, EstimatorPredictor, AdapterPredictor,
+                                   FrequencyPredictor, OraclePredictor)}
+NEEDS_ARTIFACT = {"quasi", "estimator", "adapter", "frequency", "hybrid"}

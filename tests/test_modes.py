@@ -1,0 +1,127 @@
+"""Router-preserving is exact for every predictor; speculative is exact only with the oracle;
+recall is SpecPrefetch's definition."""
+import copy
+import functools
+
+import pytest
+import torch
+
+import evalsuite
+from evalsuite import arch
+from evalsuite.arch.tiny import TINY
+from evalsuite.predict.calibrate import calibrate
+from evalsuite.predict.predictors import router_logits
+
+from .helpers import batch, reference_model
+
+PREDICTORS = ("gate", "quasi", "adapter", "estimator", "oracle", "frequency")
+
+
+@functools.lru_cache(maxsize=None)
+def artifact_for(model_type: str):
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(3, 128, (4, 12), generator=g), torch.ones(4, 12, dtype=torch.long)) for _ in range(3)]
+    return calibrate(reference_model(model_type), batches, predictor="all", rank=4, horizon=2, hidden=16, epochs=3)
+
+
+def generate(model, ids, mask, tokens=6):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_router_preserving_is_exact_for_every_predictor(model_type):
+    reference = reference_model(model_type)
+    ids, mask = batch(2)
+    expected = generate(reference, ids, mask)
+    with torch.no_grad():
+        expected_logits = reference(input_ids=ids, attention_mask=mask).logits
+    for predictor in PREDICTORS:
+        model = copy.deepcopy(reference)
+        with evalsuite.offload(model, mode="router-preserving", predictor=predictor, artifact=artifact_for(model_type),
+                               cache_capacity=0.5) as engine:
+            assert torch.equal(generate(model, ids, mask), expected), predictor
+            with torch.no_grad():
+                assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, expected_logits), predictor
+            stats = engine.stats()
+        assert stats["recall"][2]["mean"] is not None
+        if predictor == "oracle":
+            assert stats["recall"][2]["mean"] == 1.0
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_speculative_with_oracle_is_exact(model_type):
+    reference = reference_model(model_type)
+    ids, mask = batch(2)
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode="speculative", predictor="oracle", cache_capacity=0.5) as engine:
+        assert torch.equal(generate(model, ids, mask), generate(reference, ids, mask))
+        assert engine.stats()["recall"][2]["mean"] == 1.0
+
+
+def test_speculative_with_an_imperfect_predictor_changes_outputs():
+    changed = 0
+    for model_type in ("deepseek_v3", "glm4_moe", "qwen2_moe", "mixtral"):
+        reference = reference_model(model_type)
+        ids, mask = batch(4, seed=3)
+        model = copy.deepcopy(reference)
+        with evalsuite.offload(model, mode="speculative", predictor="gate", cache_capacity=0.5) as engine:
+            out = generate(model, ids, mask, tokens=8)
+            assert engine.stats()["recall"][2]["mean"] < 1.0
+        changed += int(not torch.equal(out, generate(reference, ids, mask, tokens=8)))
+    assert changed > 0
+
+
+@pytest.mark.parametrize("mode", ["speculative", "router-preserving"])
+def test_recall_equals_a_trace_based_computation(mode):
+    """Record router inputs and native choices with our own hooks; recompute gate recall."""
+    model = copy.deepcopy(reference_model("glm4_moe"))
+    layers = arch.sparse_layers(model)
+    family = arch.family_of(model)
+    seen = {pos: [] for pos in range(len(layers))}
+    for pos, layer in enumerate(layers):  # registered first, so they see the native output
+        layer.router.register_forward_hook(
+            lambda m, args, out, pos=pos: seen[pos].append((args[0].reshape(-1, args[0].shape[-1]), out[2])))
+    ids, mask = batch(1, seed=5)
+    with evalsuite.offload(model, mode=mode, predictor="gate", cache_capacity=0.5) as engine:
+        generate(model, ids, mask, tokens=7)
+        measured = engine.stats()["recall"][2]
+    for pos in range(1, len(layers)):
+        decode = list(zip(seen[pos - 1], seen[pos]))[1:]  # drop the prefill
+        values = []
+        for (x_prev, _), (_, native) in decode:
+            router = layers[pos].router
+            predicted = family.selection_scores(router, router_logits(router, x_prev)).topk(2).indices
+            values.append((predicted.unsqueeze(-1) == native.unsqueeze(1)).any(1).sum().item() / 2)
+        assert measured["layers"][layers[pos].index] == pytest.approx(sum(values) / len(values), abs=1e-6)
+
+
+def test_preserving_every_layer_makes_hybrid_exact():
+    reference = reference_model("deepseek_v3")
+    ids, mask = batch(2, seed=3)
+    model = copy.deepcopy(reference)
+    all_layers = [layer.index for layer in arch.sparse_layers(model)]
+    with evalsuite.offload(model, mode="hybrid", artifact=artifact_for("deepseek_v3"), cache_capacity=0.5,
+                           preserve_layers=all_layers):
+        assert torch.equal(generate(model, ids, mask), generate(reference, ids, mask))
+
+
+def test_hybrid_picks_drift_layers_by_calibration_recall():
+    art = artifact_for("qwen3_moe")
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    quasi = art.meta["recall"]["quasi"]
+    threshold = sorted(quasi.values())[len(quasi) // 2] + 1e-9
+    with evalsuite.offload(model, mode="hybrid", artifact=art, drift_threshold=threshold) as engine:
+        chosen = engine.predictor.drift_layers
+    assert chosen == {int(layer) for layer, value in quasi.items() if value < threshold}
+    assert 0 < len(chosen) < len(quasi) + 1
+
+
+def test_oracle_prefetches_are_all_used_with_room_for_them():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, mode="router-preserving", predictor="oracle", cache_capacity="all") as engine:
+        generate(model, *batch(1))
+        stats = engine.stats()
+    assert stats["prefetches"] > 0 and stats["prefetch_precision"] == 1.0 and stats["prefetch_wasted"] == 0
+    assert stats["bytes_transferred"] == (stats["misses"] + stats["prefetches"]) * stats["expert_bytes"]
+    assert stats["hits"] + stats["misses"] == stats["expert_uses"]

@@ -1,0 +1,124 @@
+"""Calibration artifacts, adapter size, the prefetch scheduler's window, and predictor errors."""
+import copy
+
+import pytest
+import torch
+
+import evalsuite
+from evalsuite import arch
+from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.predict import Artifact, ArtifactError, build_predictor
+from evalsuite.predict.calibrate import calibrate
+from evalsuite.predict.predictors import LayerState
+
+from .helpers import reference_model
+from .test_modes import artifact_for
+
+
+def test_adapter_parameters_are_r_times_d_plus_e():
+    rank = 4
+    art = artifact_for("qwen3_moe")  # hidden 64, 8 experts, horizons 1 and 2
+    adapters = {k.rsplit(".", 1)[0] for k in art.tensors if k.startswith("adapter.")}
+    assert adapters == {"adapter.0.1", "adapter.0.2", "adapter.1.1"}
+    for name in adapters:
+        count = art.tensors[f"{name}.A"].numel() + art.tensors[f"{name}.B"].numel()
+        assert count == rank * (64 + 8)
+
+
+def test_untrained_adapter_predicts_like_the_gate():
+    model = reference_model("gpt_oss")
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    batches = [(torch.randint(3, 128, (2, 8)), torch.ones(2, 8, dtype=torch.long))]
+    art = calibrate(model, batches, predictor="adapter", rank=3, epochs=0)
+    state = LayerState(0, torch.randn(5, 64), torch.randn(5, 64), torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2))
+    adapter = build_predictor("adapter", layers, family, art).scores(state, 1)
+    gate = build_predictor("gate", layers, family).scores(state, 1)
+    assert torch.equal(adapter, gate)  # B starts at zero
+
+
+def test_artifact_round_trip(tmp_path):
+    art = artifact_for("deepseek_v3")
+    path = str(tmp_path / "predictor.safetensors")
+    art.save(path)
+    model = reference_model("deepseek_v3")
+    loaded = Artifact.load(path, model, arch.sparse_layers(model))
+    assert loaded.meta == art.meta and set(loaded.tensors) == set(art.tensors)
+    assert all(torch.equal(loaded.tensors[k], art.tensors[k]) for k in art.tensors)
+    assert loaded.meta["rank"] == 4 and loaded.meta["layers"] == [1, 2] and "fingerprint" in loaded.meta
+    copy_model = copy.deepcopy(model)
+    with evalsuite.offload(copy_model, mode="router-preserving", predictor="adapter", predictor_path=path) as engine:
+        assert engine.predictor.name == "adapter"
+
+
+def test_artifact_for_another_model_is_rejected(tmp_path):
+    path = str(tmp_path / "predictor.safetensors")
+    artifact_for("qwen3_moe").save(path)
+    other = copy.deepcopy(reference_model("qwen3_moe"))
+    with torch.no_grad():
+        other.model.layers[1].mlp.gate.weight.add_(1.0)  # same architecture, other weights
+    with pytest.raises(ArtifactError, match="calibrated for model .* not this one"):
+        evalsuite.offload(other, mode="router-preserving", predictor="quasi", predictor_path=path)
+    assert other.model.layers[0].mlp.experts.gate_up_proj.numel() > 0  # nothing offloaded
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
+def test_corrupt_artifacts_are_rejected(tmp_path, damage):
+    path = tmp_path / "predictor.safetensors"
+    artifact_for("qwen3_moe").save(str(path))
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00" * 64)
+    else:
+        from safetensors.torch import save_file
+        save_file({"w": torch.ones(2)}, str(path))
+    with pytest.raises(ArtifactError, match="cannot read predictor artifact|not an evalsuite predictor artifact"):
+        Artifact.load(str(path))
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(mode="router-preserving", predictor="psychic"), "predictor='psychic' is not one of"),
+    (dict(mode="router-preserving", predictor="quasi"), "needs a calibration artifact"),
+    (dict(mode="speculative", predictor="gate", horizon=2), "use horizon=1"),
+    (dict(mode="router-preserving", predictor="quasi", horizon=2), "predicts horizons"),
+    (dict(mode="on-demand", predictor="gate"), "uses no predictor"),
+    (dict(mode="router-preserving", prefetch_budget=1), "prefetch_budget=1 is below top-k=2"),
+])
+def test_bad_predictor_options(options, message):
+    art = artifact_for("qwen3_moe") if options.get("predictor") == "quasi" and "horizon" in options else None
+    with pytest.raises(ValueError, match=message):
+        evalsuite.offload(copy.deepcopy(reference_model("qwen3_moe")), artifact=art, **options)
+
+
+class StubEngine:
+    """Just enough engine for the scheduler: a layer list, a cache, a link, a prefetch log."""
+
+    def __init__(self, per_transfer, queued=0, resident=()):
+        self.layers = [type("L", (), {"index": i})() for i in range(3)]
+        self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
+        self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
+                                        "pending": staticmethod(lambda: queued)})()
+        self.started = []
+
+    def prefetch(self, layer, experts):
+        self.started += [(layer, e) for e in experts]
+        return len(experts)
+
+
+def test_scheduler_ranks_skips_resident_and_respects_the_window():
+    scores = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    engine = StubEngine(per_transfer=0.45e-3, resident={(1, 0)})
+    scheduler = PrefetchScheduler(engine, budget=4, window=True)
+    scheduler.layer_s = 1e-3  # a layer takes 1 ms: two 0.45 ms transfers fit, a third does not
+    assert scheduler.schedule(1, scores, h=1) == 2
+    assert engine.started == [(1, 1), (1, 2)]
+    engine = StubEngine(per_transfer=0.45e-3, queued=2)  # two already queued: none fits
+    scheduler = PrefetchScheduler(engine, budget=4, window=True)
+    scheduler.layer_s = 1e-3
+    assert scheduler.schedule(1, scores, h=1) == 0
+    assert scheduler.schedule(1, scores, h=2) == 2  # two layers ahead: more time
+    unlimited = StubEngine(per_transfer=0.45e-3)
+    scheduler = PrefetchScheduler(unlimited, budget=4, window=False)
+    scheduler.layer_s = 1e-3
+    assert scheduler.schedule(1, scores, h=1) == 4 and [e for _, e in unlimited.started] == [0, 1, 2, 3]
