@@ -54,7 +54,12 @@ class RequestTiming:
     """Forward-pass end times of one request (one prefill, then one per decode step)."""
 
     start: float
+    rows: int = 1  # sequences in the batch
     ends: list[float] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * len(self.ends)
 
     @property
     def ttft_s(self) -> float:
@@ -63,6 +68,49 @@ class RequestTiming:
     @property
     def tpot_s(self) -> float | None:
         return tpot(self.ends)
+
+
+@dataclass
+class EngineRecord:
+    """Everything the engine measured over some requests; records merge by concatenation."""
+
+    counters: dict[int, Counters] = field(default_factory=dict)  # sparse layer -> counters
+    requests: list[RequestTiming] = field(default_factory=list)
+    recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per-sample
+
+    def merge(self, other: "EngineRecord") -> "EngineRecord":
+        for layer, c in other.counters.items():
+            self.counters.setdefault(layer, Counters()).add(c)
+        self.requests += other.requests
+        for k, layers in other.recall.items():
+            for layer, samples in layers.items():
+                self.recall.setdefault(k, {}).setdefault(layer, []).extend(samples)
+        return self
+
+    def summary(self) -> dict:
+        total = Counters()
+        for c in self.counters.values():
+            total.add(c)
+        timed = [r for r in self.requests if r.ends]
+        tokens = sum(r.tokens for r in timed)
+        return {
+            **total.as_dict(),
+            "requests": len(timed),
+            "tokens": tokens,
+            "bytes_per_token": total.bytes_transferred / tokens if tokens else None,
+            "stall_ms_per_token": total.stall_s * 1e3 / tokens if tokens else None,
+            "ttft_ms": summarise(r.ttft_s for r in timed),
+            "tpot_ms": summarise(r.tpot_s for r in timed),
+            "layers": {layer: c.as_dict() for layer, c in sorted(self.counters.items())},
+            "recall": {k: recall_summary(layers) for k, layers in self.recall.items()} or None,
+        }
+
+
+def recall_summary(per_layer_samples: dict[int, list[float]]) -> dict:
+    """Recall per target layer (mean over samples) and the mean over layers."""
+    per_layer = {layer: sum(v) / len(v) for layer, v in sorted(per_layer_samples.items()) if v}
+    return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None, "layers": per_layer,
+            "samples": max((len(v) for v in per_layer_samples.values()), default=0)}
 
 
 def hit_rate(hits: int, uses: int) -> float | None:

@@ -30,7 +30,6 @@ class PredictionDriver:
         self.preserve = set(preserve_layers)
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
-        self.finished: dict[int, dict[int, list[float]]] = {k: {} for k in self.recall_ks}  # k -> layer -> samples
         self.current: dict = {}  # (k, layer) -> (sum per row, tokens per row) for the running request
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
@@ -89,23 +88,12 @@ class PredictionDriver:
             self.current[(k, layer)] = (hits.cpu() + total, count + 1)
 
     def end_request(self) -> None:
-        """Close the running request: its rows become samples."""
+        """Close the running request: each of its rows becomes one sample in the engine's record."""
+        recall = self.engine.record.recall
+        for k in self.recall_ks:
+            recall.setdefault(k, {})
         for (k, layer), (total, count) in self.current.items():
-            self.finished[k].setdefault(layer, []).extend((total / count).tolist())
-        self.current = {}
-
-    def recall(self) -> dict:
-        """recall@k per target layer (mean over samples) and over all layers, for each k."""
-        self.end_request()
-        out = {}
-        for k, layers in self.finished.items():
-            per_layer = {layer: sum(v) / len(v) for layer, v in sorted(layers.items()) if v}
-            mean = sum(per_layer.values()) / len(per_layer) if per_layer else None
-            out[k] = {"mean": mean, "layers": per_layer, "samples": max((len(v) for v in layers.values()), default=0)}
-        return out
-
-    def reset(self) -> None:
-        self.finished = {k: {} for k in self.recall_ks}
+            recall[k].setdefault(layer, []).extend((total / count).tolist())
         self.current = {}
 
     def close(self) -> None:

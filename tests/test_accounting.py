@@ -27,7 +27,7 @@ def test_counters_add_up(model_type, capacity):
     assert s["bytes_transferred"] == s["misses"] * s["expert_bytes"]
     for name in ("expert_uses", "hits", "misses", "bytes_transferred"):
         assert sum(layer[name] for layer in s["layers"].values()) == s[name]
-    assert s["requests"] == 1 and s["tokens"] == 6
+    assert s["requests"] == 1 and s["tokens"] == 4 * 6  # 4 sequences, 6 forward passes
     assert s["ttft_ms"]["n"] == 1 and s["tpot_ms"]["mean"] > 0
 
 

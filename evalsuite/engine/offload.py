@@ -14,7 +14,7 @@ import torch
 from transformers.integrations.moe import ExpertsInterface
 
 from .. import arch
-from ..metrics import Counters, RequestTiming, summarise
+from ..metrics import Counters, EngineRecord, RequestTiming
 from ..modes import PredictionDriver
 from ..predict import Artifact, build_predictor
 from .cache import POLICIES, ExpertCache, capacity_in_experts
@@ -89,8 +89,7 @@ class Engine:
         self.device = self.layers[0].experts.gate_up_proj.device
         self.timeout_s = transfer_timeout_s
         self.link = parse_link(link)
-        self.counters = {layer.index: Counters() for layer in self.layers}
-        self.requests: list[RequestTiming] = []
+        self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.shadow = self.decoding = False
         self._prefetched: set = set()  # prefetched experts not yet used
@@ -157,7 +156,7 @@ class Engine:
     # ---- the hot path ---------------------------------------------------------------------
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
-        counters = self.counters[layer]
+        counters = self.record.counters[layer]
         if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
@@ -197,7 +196,7 @@ class Engine:
         freed without touching pinned or in-flight experts. Prefetching never changes outputs."""
         if self.cache is None:
             return 0
-        counters, started = self.counters[layer], 0
+        counters, started = self.record.counters[layer], 0
         for e in experts:
             key = (layer, int(e))
             if self.cache.resident(key) or not self.cache.can_place(layer):
@@ -232,7 +231,7 @@ class Engine:
     def _evicted(self, key) -> None:
         if key in self._prefetched:  # a prefetch that was never used
             self._prefetched.discard(key)
-            self.counters[key[0]].prefetch_wasted += 1
+            self.record.counters[key[0]].prefetch_wasted += 1
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
         transfer = self.cache.transfers.get(key)
@@ -249,7 +248,9 @@ class Engine:
         if not self.decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
-            self.requests.append(RequestTiming(time.perf_counter()))
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            rows = ids.shape[0] if ids is not None else 1
+            self.record.requests.append(RequestTiming(time.perf_counter(), rows))
         if self.predictor is not None and self.predictor.name == "oracle":
             self._shadow_pass(module, args, kwargs, cache_arg, cache)
 
@@ -268,30 +269,32 @@ class Engine:
     def _after_forward(self, module, args, output):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if self.requests:
-            self.requests[-1].ends.append(time.perf_counter())
+        if self.record.requests:
+            self.record.requests[-1].ends.append(time.perf_counter())
 
     # ---- the handle -----------------------------------------------------------------------
     def stats(self) -> dict:
-        """Counters in total and per layer, TTFT / TPOT summaries, and the cache's size."""
-        total = Counters()
-        for c in self.counters.values():
-            total.add(c)
-        out = total.as_dict()
-        out.update(
-            mode=self.mode,
-            expert_bytes=self.layout.nbytes,
-            cache_experts=self.cache.slots.shape[0] if self.cache is not None else None,
-            device_expert_bytes=self.device_expert_bytes(),
-            requests=len(self.requests),
-            tokens=sum(len(r.ends) for r in self.requests),
-            ttft_ms=summarise(r.ttft_s for r in self.requests if r.ends),
-            tpot_ms=summarise(r.tpot_s for r in self.requests if r.ends),
-            layers={index: c.as_dict() for index, c in self.counters.items()},
-            predictor=self.predictor.name if self.predictor is not None else None,
-            recall=self.driver.recall() if self.driver is not None else None,
-        )
-        return out
+        """Counters in total and per layer, TTFT / TPOT summaries, recall, and the cache's size."""
+        if self.driver is not None:
+            self.driver.end_request()
+        return {**self.record.summary(), **self.describe(), "device_expert_bytes": self.device_expert_bytes()}
+
+    def describe(self) -> dict:
+        """The engine's configuration, as results tables want it."""
+        return {"mode": self.mode, "predictor": self.predictor.name if self.predictor is not None else None,
+                "expert_bytes": self.layout.nbytes,
+                "cache_experts": self.cache.slots.shape[0] if self.cache is not None else None,
+                "link": self.link.name if self.link is not None else None}
+
+    def take_record(self) -> EngineRecord:
+        """What was measured since the last take or reset; starts a fresh record."""
+        if self.driver is not None:
+            self.driver.end_request()
+        record, self.record = self.record, self._fresh_record()
+        return record
+
+    def _fresh_record(self) -> EngineRecord:
+        return EngineRecord(counters={layer.index: Counters() for layer in self.layers})
 
     def device_expert_bytes(self) -> int:
         """Bytes of expert weights allocated on the device (cache slots + model parameters)."""
@@ -299,10 +302,9 @@ class Engine:
         return params + (self.cache.nbytes if self.cache is not None else 0)
 
     def reset_stats(self) -> None:
-        self.counters = {index: Counters() for index in self.counters}
-        self.requests = []
         if self.driver is not None:
-            self.driver.reset()
+            self.driver.current = {}
+        self.record = self._fresh_record()
 
     def close(self) -> None:
         """Stop transfers, put the experts back into the model and restore its kernel."""
