@@ -87,8 +87,10 @@ def test_corrupt_artifacts_are_rejected(tmp_path, damage):
 ])
 def test_bad_predictor_options(options, message):
     art = artifact_for("qwen3_moe") if options.get("predictor") == "quasi" and "horizon" in options else None
+    model = copy.deepcopy(reference_model("qwen3_moe"))
     with pytest.raises(ValueError, match=message):
-        evalsuite.offload(copy.deepcopy(reference_model("qwen3_moe")), artifact=art, **options)
+        evalsuite.offload(model, artifact=art, **options)
+    assert model.model.layers[0].mlp.experts.gate_up_proj.numel() > 0  # refused before touching the model
 
 
 class StubEngine:

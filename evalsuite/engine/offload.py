@@ -38,11 +38,7 @@ def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
 ExpertsInterface.register(IMPLEMENTATION, _engine_experts_forward)
 
 
-def offload(model, mode: str = "on-demand", cache_capacity=0.5, cache_policy: str = "lru",
-            cache_pools: str = "global", link=None, store: str = "host", checkpoint: str | None = None,
-            transfer_timeout_s: float = 60.0, predictor: str | None = None, predictor_path: str | None = None,
-            artifact=None, horizon: int = 1, prefetch_budget: int | None = None, window: bool = True,
-            recall_k=None, drift_layers=None, drift_threshold: float = 0.6, preserve_layers=()) -> "Engine":
+def offload(model, mode: str = "on-demand", **options) -> "Engine":
     """Patch a loaded transformers MoE model in place and return its engine handle.
 
     mode            'resident' (experts stay in the model: the reference), 'on-demand' (route,
@@ -63,17 +59,19 @@ def offload(model, mode: str = "on-demand", cache_capacity=0.5, cache_policy: st
                     submits them all, without the scheduler's will-it-land-in-time test.
     recall_k        k values for recall@k (default [top-k]).
     drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.modes.
+    transfer_timeout_s  a transfer not done by then raises instead of hanging.
+    Bad options raise ValueError before the model is touched.
     """
-    return Engine(model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
-                  transfer_timeout_s, predictor, predictor_path, artifact, horizon, prefetch_budget, window,
-                  recall_k, drift_layers, drift_threshold, preserve_layers)
+    return Engine(model, mode=mode, **options)
 
 
 class Engine:
-    def __init__(self, model, mode, cache_capacity, cache_policy, cache_pools, link, store, checkpoint,
-                 transfer_timeout_s, predictor=None, predictor_path=None, artifact=None, horizon=1,
-                 prefetch_budget=None, window=True, recall_k=None, drift_layers=None, drift_threshold=0.6,
-                 preserve_layers=()):
+    """The handle `offload` returns: stats(), reset_stats(), take_record(), prefetch(), close()."""
+
+    def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
+                 link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
+                 predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
+                 drift_layers=None, drift_threshold=0.6, preserve_layers=()):
         _check_choice("mode", mode, MODES)
         _check_choice("store", store, STORES)
         _check_choice("cache_pools", cache_pools, ("global", "per-layer"))
@@ -94,18 +92,16 @@ class Engine:
         self.shadow = self.decoding = False
         self._prefetched: set = set()  # prefetched experts not yet used
         predictor = predictor or {"hybrid": "hybrid", "resident": None, "on-demand": None}.get(mode, "gate")
+        top_k = self.layers[0].top_k
+        budget = prefetch_budget or top_k
+        if budget < top_k:
+            raise ValueError(f"prefetch_budget={budget} is below top-k={top_k}")
         if predictor is not None:
             self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers, drift_threshold)
-        if mode != "resident":
+        if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
         if predictor is not None:
-            top_k = self.layers[0].top_k
-            scheduler = None
-            if mode in PREDICTING:
-                budget = prefetch_budget or top_k
-                if budget < top_k:
-                    raise ValueError(f"prefetch_budget={budget} is below top-k={top_k}")
-                scheduler = PrefetchScheduler(self, budget, window)
+            scheduler = PrefetchScheduler(self, budget, window) if mode in PREDICTING else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
                                            preserve_layers, scheduler)
         self._previous_impl = model.config._experts_implementation
