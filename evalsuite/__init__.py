@@ -6,6 +6,7 @@
     engine.stats()
 """
 from .engine import MODES, Engine, offload
+from . import lm  # noqa: E402,F401  (registers the `specmoe` lm-eval model)
 
 __version__ = "0.1.0"
 __all__ = ["MODES", "Engine", "offload", "__version__"]

@@ -76,6 +76,43 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import os
+
+    from .lm.suite import format_rows, run_suite
+
+    models = args.model.split(",") if args.model else default_models()
+    for model in models:
+        if not os.path.isdir(model):
+            raise FileNotFoundError(f"no model directory {model!r}: pass --model DIR (make eval MODEL=DIR), "
+                                    "or train the shipped ones with `make tiny-models`")
+    if args.data_dir:
+        os.environ["EVALSUITE_DATA_DIR"] = os.path.abspath(args.data_dir)
+    tasks = args.tasks.split(",") if args.tasks else default_tasks()
+    rows = run_suite(models, args.modes.split(","), tasks, args.limit, predictor=args.predictor,
+                     predictor_path=args.predictor_path, cache_capacity=args.cache_capacity, link=args.link,
+                     db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code)
+    print(format_rows(rows))
+    return 0
+
+
+def default_models() -> list[str]:
+    import os
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+    return [os.path.join(root, name) for name in ("tiny-qwen3-moe", "tiny-glm4-moe")]
+
+
+def default_tasks() -> list[str]:
+    """The project's own tasks, plus the real benchmarks when their data directory is set."""
+    import os
+
+    tasks = ["evalsuite_arith", "evalsuite_yesno", "evalsuite_code", "evalsuite_boxed"]
+    if os.environ.get("EVALSUITE_DATA_DIR"):
+        tasks += ["gsm8k_es", "strategyqa_es_cot", "aime24_es"]
+    return tasks
+
+
 def cmd_train_tiny(args) -> int:
     from .zoo import train
 
@@ -112,6 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     c.add_argument("--device", default="cpu")
     c.set_defaults(run=cmd_calibrate)
+
+    e = sub.add_parser("eval", help="models x modes x tasks through lm-eval; one table, stored results")
+    e.add_argument("--model", help="comma-separated model directories (default: the shipped tiny models)")
+    e.add_argument("--modes", default="resident,on-demand,router-preserving,speculative")
+    e.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the project's own, plus benchmarks "
+                                   "when a data directory is given)")
+    e.add_argument("--limit", type=int, default=20, help="documents per task")
+    e.add_argument("--data-dir", help="offline benchmark data laid out like shared/data (sets EVALSUITE_DATA_DIR)")
+    e.add_argument("--db", help="results database URL (default: EVALSUITE_DB or sqlite:///results/results.db)")
+    e.add_argument("--out", default="results", help="folder for lm-eval's JSON results")
+    e.add_argument("--confirm-run-unsafe-code", action="store_true",
+                   help="allow scoring generated code (in the sandbox): needed by code tasks")
+    _add_engine_options(e)
+    e.set_defaults(run=cmd_eval, cache_capacity=0.25, predictor="gate")
 
     t = sub.add_parser("train-tiny", help="train the shipped tiny MoE models", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)

@@ -29,3 +29,11 @@ def batch(size: int, seq: int = 10, vocab: int = 128, seed: int = 0):
         pad = (2 * row) % (seq - 2)
         ids[row, :pad], mask[row, :pad] = 0, 0
     return ids, mask
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = os.path.join(REPO, "tasks")
+
+
+def shipped_model(name: str = "tiny-qwen3-moe") -> str:
+    return os.path.join(REPO, "models", name)

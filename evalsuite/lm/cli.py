@@ -1,0 +1,21 @@
+"""`evalsuite-lm-eval`: the `lm_eval` command, every flag included, with evalsuite's models.
+
+lm-eval finds models only through its registry, and has no plugin entry point, so this
+imports the adapters (which registers them) before handing over to lm-eval's own CLI.
+"""
+import sys
+
+
+def main() -> None:
+    import evalsuite.lm  # noqa: F401  (registers specmoe)
+    from lm_eval.__main__ import cli_evaluate
+
+    try:
+        cli_evaluate()
+    except (ValueError, FileNotFoundError) as exc:  # bad model_args, missing data: one line
+        print(f"evalsuite-lm-eval: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

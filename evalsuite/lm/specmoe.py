@@ -1,0 +1,82 @@
+"""`specmoe`: lm-eval's HF model with its experts offloaded by the evalsuite engine.
+
+Every HFLM argument keeps working; the engine's options are extra model_args. lm-eval hands
+the model all tasks' requests at once, interleaved; this adapter runs each task's requests
+as their own group, so the engine's measurements are attributed to the task that caused them.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+from ..engine import MODES, offload
+from ..engine.cache import POLICIES
+from ..metrics import EngineRecord
+from ..predict import PREDICTOR_NAMES
+
+ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
+               "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s")
+CHOICES = {"mode": MODES, "predictor": PREDICTOR_NAMES, "cache_policy": POLICIES,
+           "cache_pools": ("global", "per-layer"), "store": ("host", "disk")}
+
+
+def check_engine_args(args: dict) -> None:
+    """One-line errors listing the valid values, before any model is loaded."""
+    for name, valid in CHOICES.items():
+        if args.get(name) is not None and args[name] not in valid:
+            raise ValueError(f"specmoe: {name}={args[name]!r} is not one of: {', '.join(valid)}")
+
+
+@register_model("specmoe")
+class SpecMoELM(HFLM):
+    """model_args: pretrained, mode, predictor, predictor_path, cache_capacity, cache_policy,
+    cache_pools, link, store, horizon, prefetch_budget, window, ... plus every HFLM argument."""
+
+    def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
+                 **kwargs):
+        engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
+        # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
+        engine_args.update(mode=mode, cache_capacity=cache_capacity)
+        check_engine_args(engine_args)
+        kwargs.setdefault("device", "cpu")
+        super().__init__(pretrained=pretrained, **kwargs)
+        # The engine reproduces the eager kernel bit for bit; compare with `hf` running eager too.
+        self.model.set_experts_implementation(experts_implementation)
+        self.engine = offload(self.model, **engine_args)
+        self.engine_args = engine_args
+        self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
+
+    # lm-eval's three request types, each grouped by task
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        return self._by_task(super().generate_until, requests, disable_tqdm)
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        return self._by_task(super().loglikelihood, requests, disable_tqdm)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        return self._by_task(super().loglikelihood_rolling, requests, disable_tqdm)
+
+    def _by_task(self, run, requests, disable_tqdm):
+        groups = defaultdict(list)
+        for position, request in enumerate(requests):
+            groups[request.task_name].append(position)
+        results = [None] * len(requests)
+        for task, positions in groups.items():
+            self.engine.take_record()  # whatever ran before belongs to no task
+            outputs = run([requests[p] for p in positions], disable_tqdm=disable_tqdm)
+            self.records[task].merge(self.engine.take_record())
+            for p, out in zip(positions, outputs):
+                results[p] = out
+        return results
+
+    def engine_summaries(self) -> dict[str, dict]:
+        """Per task: the engine's summary (see evalsuite.metrics) and configuration."""
+        describe = self.engine.describe()
+        return {task: {**record.summary(), **describe} for task, record in self.records.items()}
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe()}
+        return info
