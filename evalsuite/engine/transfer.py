@@ -65,7 +65,8 @@ class Transfer:
         self.key, self.nbytes = key, nbytes
         self.done = threading.Event()
         self.error: BaseException | None = None
-        self.cuda_event = None
+        self.cuda_event = None  # recorded on the side stream after the copy
+        self.slot_free = None  # recorded on the compute stream at submit time
         self.seconds = 0.0  # time the link was busy with it
         self.submitted_at = time.perf_counter()
 
@@ -102,6 +103,11 @@ class TransferEngine:
     def submit(self, key, dst: torch.Tensor, prefetch: bool = False) -> Transfer:
         """Queue a copy of expert `key` into `dst`; a prefetch waits behind every demand load."""
         transfer = Transfer(key, dst.numel() * dst.element_size())
+        if self.stream is not None:
+            # The slot may still be read by kernels queued on the compute stream for the expert
+            # it held before: the copy must start only after them.
+            transfer.slot_free = torch.cuda.Event()
+            transfer.slot_free.record(torch.cuda.current_stream(dst.device))
         self._submitted += 1
         self._queue.put((int(prefetch), next(self._order), transfer, dst))
         return transfer
@@ -121,6 +127,7 @@ class TransferEngine:
             try:
                 if self.stream is not None:
                     with torch.cuda.stream(self.stream):
+                        self.stream.wait_event(transfer.slot_free)
                         self.store.copy_into(transfer.key, dst)
                         transfer.cuda_event = torch.cuda.Event()
                         transfer.cuda_event.record(self.stream)
