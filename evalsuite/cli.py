@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(e)
     e.set_defaults(run=cmd_eval, cache_capacity=0.25, predictor="gate")
 
+    from .results.cli import add_commands
+
+    add_commands(sub)  # runs, report, compare, gate
+
     t = sub.add_parser("train-tiny", help="train the shipped tiny MoE models", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)
     t.set_defaults(run=cmd_train_tiny)

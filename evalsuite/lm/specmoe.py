@@ -14,7 +14,7 @@ from lm_eval.models.huggingface import HFLM
 from ..engine import MODES, offload
 from ..engine.cache import POLICIES
 from ..metrics import EngineRecord
-from ..predict import PREDICTOR_NAMES
+from ..predict import PREDICTOR_NAMES, fingerprint
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s")
@@ -75,6 +75,10 @@ class SpecMoELM(HFLM):
         """Per task: the engine's summary (see evalsuite.metrics) and configuration."""
         describe = self.engine.describe()
         return {task: {**record.summary(), **describe} for task, record in self.records.items()}
+
+    def fingerprint(self) -> str:
+        """A hash of the model's configuration and router weights (see evalsuite.predict)."""
+        return fingerprint(self.model, self.engine.layers)
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()

@@ -13,6 +13,7 @@ import time
 from ..generate import divergence_from
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
+TASKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
 
 
 def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
@@ -38,7 +39,8 @@ def accuracy(task_results: dict) -> tuple[str, float] | None:
 
 
 def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
-    """Per task: mean first-divergence position and identical-token share against `reference`."""
+    """Per task: mean identical-token share and changed samples against `reference`; each sample
+    entry also gets its own `first_divergence` and `identical_share`."""
     out = {}
     for task, samples in results.get("samples", {}).items():
         ref = {s["doc_id"]: s for s in reference.get("samples", {}).get(task, [])}
@@ -47,11 +49,13 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
             if s["doc_id"] in ref:
                 a = tokenizer(str(s["resps"][0][0]))["input_ids"]
                 b = tokenizer(str(ref[s["doc_id"]]["resps"][0][0]))["input_ids"]
-                rows.append(divergence_from(_row(a), _row(b), 0))
+                row = divergence_from(_row(a), _row(b), 0)
+                s.update(row)
+                rows.append(row)
         if rows:
             firsts = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
             out[task] = {"identical_share": sum(r["identical_share"] for r in rows) / len(rows),
-                         "samples_changed": len(firsts), "samples": len(rows), "per_sample": rows}
+                         "samples_changed": len(firsts), "samples": len(rows)}
     return out
 
 
@@ -63,54 +67,71 @@ def _row(ids):
 
 def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
               db_url=None, out_dir="results", confirm_run_unsafe_code=False, progress=print) -> list[dict]:
+    """Evaluate every (model, mode) over `tasks`; each task lands in the database as soon as it is done."""
     import lm_eval
+    from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
 
-    tasks_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
-    manager = TaskManager(include_path=tasks_dir)
+    from ..results import ResultsDB
+
+    manager = TaskManager(include_path=TASKS_DIR)
+    db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
     rows = []
     for model in models:
         tokenizer = AutoTokenizer.from_pretrained(model)
-        reference = None
+        reference: dict[str, dict] = {}
         for mode in modes:
+            name = os.path.basename(model.rstrip("/"))
             args = model_args(model, mode, predictor, predictor_path, cache_capacity, link)
-            progress(f"[evalsuite] {os.path.basename(model.rstrip('/'))} / {mode}: {', '.join(tasks)} (limit {limit})")
-            started = time.time()
-            results = lm_eval.simple_evaluate(model="specmoe", model_args=args, tasks=list(tasks), limit=limit,
-                                              device="cpu", batch_size=1, log_samples=True, task_manager=manager,
-                                              confirm_run_unsafe_code=confirm_run_unsafe_code)
-            if mode == "resident":
-                reference = results
-            diverged = divergence(results, reference, tokenizer) if reference is not None and mode != "resident" else {}
-            results["divergence"] = diverged
-            run_id = store(results, model, mode, predictor, cache_capacity, link, limit, db_url, out_dir)
-            for task, values in sorted(results["results"].items()):
-                headline = accuracy(values)
-                if headline is None:
-                    continue
-                recall = next((v for k, v in values.items() if k.startswith("recall@")), None)
-                rows.append({"model": os.path.basename(model.rstrip("/")), "mode": mode, "task": task,
-                             "metric": headline[0], "accuracy": headline[1], "recall": recall,
-                             "hit_rate": values.get("hit_rate,engine"), "tpot_ms": values.get("tpot_ms,engine"),
-                             "identical_share": diverged.get(task, {}).get("identical_share"), "run": run_id,
-                             "seconds": time.time() - started})
+            lm = get_model("specmoe").create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
+            config = {"model": model, "mode": mode, "predictor": lm.engine.describe()["predictor"],
+                      "predictor_artifact": predictor_path, "cache_capacity": str(cache_capacity),
+                      "cache_policy": "lru", "link": link if mode != "resident" else None, "limit": limit,
+                      "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
+                      "model_fingerprint": lm.fingerprint(), "model_args": args}
+            run_id = db.start_run(config)
+            status = "failed"
+            try:
+                for task in tasks:
+                    progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
+                    started = time.time()
+                    results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True,
+                                                      task_manager=manager,
+                                                      confirm_run_unsafe_code=confirm_run_unsafe_code)
+                    if mode == "resident":
+                        reference[task] = results
+                    diverged = divergence(results, reference[task], tokenizer) if task in reference and \
+                        mode != "resident" else {}
+                    save_json(results, out_dir, f"{run_id}-{name}-{mode}-{task}")
+                    db.add_lm_eval_tasks(run_id, results, results.get("engine"))
+                    rows += table_rows(results, name, mode, diverged, run_id, time.time() - started)
+                status = "complete"
+            finally:
+                db.finish_run(run_id, status)
+                lm.engine.close()
     return rows
 
 
-def store(results, model, mode, predictor, cache_capacity, link, limit, db_url, out_dir):
-    """Write the run to the results database when it exists, and always to a JSON file."""
+def table_rows(results, model, mode, diverged, run_id, seconds) -> list[dict]:
+    rows = []
+    for task, values in sorted(results["results"].items()):
+        headline = accuracy(values)
+        if headline is None:
+            continue  # a group without an aggregate
+        recall = next((v for k, v in values.items() if k.startswith("recall@")), None)
+        rows.append({"model": model, "mode": mode, "task": task, "metric": headline[0], "accuracy": headline[1],
+                     "recall": recall, "hit_rate": values.get("hit_rate,engine"),
+                     "tpot_ms": values.get("tpot_ms,engine"),
+                     "identical_share": diverged.get(task, {}).get("identical_share"), "run": run_id,
+                     "seconds": seconds})
+    return rows
+
+
+def save_json(results: dict, out_dir: str, stem: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.path.basename(model.rstrip('/'))}-{mode}.json"
-    with open(os.path.join(out_dir, name), "w") as f:
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-    try:
-        from ..results import ResultsDB
-    except ImportError:
-        return name
-    config = {"model": model, "mode": mode, "predictor": predictor if mode not in ("resident", "on-demand") else None,
-              "cache_capacity": str(cache_capacity), "link": link, "limit": limit, "dtype": "float32", "device": "cpu"}
-    return ResultsDB(db_url).record_lm_eval(config, results, results.get("engine"))
 
 
 def format_rows(rows) -> str:

@@ -1,0 +1,116 @@
+"""`evalsuite runs | report | compare | gate`: add_commands(subparsers) adds them to the main parser.
+
+Each subcommand's `run` default takes the parsed args and returns the exit code; bad input raises ValueError or
+FileNotFoundError with a one-line message.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+_DB_HELP = "results database: SQLAlchemy URL or SQLite path (default: $EVALSUITE_DB, else results/results.db)"
+_LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link",
+           "tasks", "accuracy", "tpot_ms"]
+
+
+def _open(args):
+    from .store import ResultsDB
+
+    return ResultsDB(args.db)
+
+
+def cmd_runs(args) -> int:
+    from .report import summary_table
+
+    with _open(args) as db:
+        runs = db.runs(status=args.status)
+        if runs.empty:
+            print(f"no runs in {db.url}")
+            return 0
+        shown = runs.head(args.last)
+        ids = shown["id"].tolist()
+        table = summary_table(shown, db.task_metrics(ids), db.engine_metrics(ids))
+    table = table.merge(shown[["id", "started_at"]], on="id")[_LISTED]
+    table["started_at"] = table["started_at"].map(lambda t: t.strftime("%Y-%m-%d %H:%M") if hasattr(t, "strftime")
+                                                  else t)
+    table = table.map(lambda v: "-" if v is None else v)
+    print(table.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import report
+
+    with _open(args) as db:
+        made = report(db, args.out)
+    print(f"wrote {made['html']} ({len(made['plots'])} plots, tables: "
+          + ", ".join(f"{n}.csv" for n in made["tables"]) + ")")
+    for note in made["notes"]:
+        print(f"  skipped {note}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare, format_comparison
+
+    with _open(args) as db:
+        table = compare(db, args.run_a, args.run_b)
+    if args.task:
+        table = table[table["task"].isin(args.task)]
+    print(format_comparison(table))
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from .gate import gate
+
+    if not os.path.exists(args.config):  # before opening (and perhaps creating) a database
+        raise FileNotFoundError(f"gates file {args.config} not found; pass --config PATH (see docs/results.md)")
+    with _open(args) as db:
+        return gate(db, args.config)
+
+
+def add_commands(subparsers) -> None:
+    """Add runs, report, compare and gate to an argparse subparsers object."""
+    p = subparsers.add_parser("runs", help="list stored runs, newest first")
+    p.add_argument("--status", choices=("running", "complete", "incomplete", "failed"))
+    p.add_argument("--last", type=int, default=50, help="show at most this many runs")
+    p.set_defaults(run=cmd_runs)
+
+    p = subparsers.add_parser("report", help="CSV tables, plots and an HTML page over all stored runs")
+    p.add_argument("--out", default=os.path.join("results", "report"), help="output folder")
+    p.set_defaults(run=cmd_report)
+
+    p = subparsers.add_parser("compare", help="run B vs run A per task: delta, paired test, bootstrap CI")
+    p.add_argument("run_a", metavar="RUN_A")
+    p.add_argument("run_b", metavar="RUN_B")
+    p.add_argument("--task", action="append", help="only this task (repeatable)")
+    p.add_argument("--csv", help="also write the comparison to this CSV file")
+    p.set_defaults(run=cmd_compare)
+
+    p = subparsers.add_parser("gate", help="check release gates (YAML rules); exit 1 when any fails")
+    p.add_argument("--config", required=True, help="gates YAML file")
+    p.set_defaults(run=cmd_gate)
+
+    for name in ("runs", "report", "compare", "gate"):
+        subparsers.choices[name].add_argument("--db", default=None, help=_DB_HELP)
+
+
+def _standalone(argv=None) -> int:
+    """For trying the commands before they are wired into `evalsuite`: python -m evalsuite.results.cli ..."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m evalsuite.results.cli")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(_standalone())

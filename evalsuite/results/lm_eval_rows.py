@@ -1,0 +1,119 @@
+"""Rows for the results tables from the dict lm-eval's simple_evaluate() returns."""
+from __future__ import annotations
+
+import json
+import math
+from numbers import Real
+
+_NOT_METRICS = {"alias", "name", "sample_len", "sample_count", " ", ""}
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, Real) and not (isinstance(value, float) and math.isnan(value)):
+        return float(value)
+    return None  # 'N/A', aggregated tuples (bleu), NaN
+
+
+def _text(value) -> str | None:
+    if value is None:
+        return None
+    while isinstance(value, (list, tuple)) and len(value) == 1:  # one request per document: unwrap
+        value = value[0]
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def task_metric_rows(task_results: dict, n: int | None, skip_filters=()) -> list[dict]:
+    """'acc,none': 0.5 and 'acc_stderr,none': 0.05 -> one row {metric: acc, filter: none, value, stderr, n}."""
+    rows = []
+    for key, value in task_results.items():
+        if key in _NOT_METRICS or "," not in key:
+            continue
+        metric, filter_name = key.split(",", 1)
+        if metric.endswith("_stderr") or filter_name in skip_filters:
+            continue
+        stderr = _number(task_results.get(f"{metric}_stderr,{filter_name}"))
+        rows.append({"metric": metric, "filter": filter_name, "value": _number(value), "stderr": stderr, "n": n})
+    return rows
+
+
+def sample_rows(entries: list[dict]) -> list[dict]:
+    """One row per document, metric and filter: the score it got, and whether it is right when the score is 0/1."""
+    rows = []
+    for entry in entries:
+        prediction, target = _text(entry.get("filtered_resps", entry.get("resps"))), _text(entry.get("target"))
+        for metric in entry.get("metrics", []):
+            score = _number(entry.get(metric))
+            rows.append({"doc_id": int(entry["doc_id"]), "metric": metric, "filter": entry.get("filter"),
+                         "score": score, "correct": None if score not in (0.0, 1.0) else score == 1.0,
+                         "prediction": prediction, "target": target,
+                         # set by evalsuite eval on runs compared with a resident reference
+                         "first_divergence": entry.get("first_divergence"),
+                         "identical_share": entry.get("identical_share")})
+    return rows
+
+
+def task_count(results: dict, task: str) -> int | None:
+    counts = results.get("n-samples", {}).get(task)
+    if counts:
+        return counts.get("effective")
+    return results["results"][task].get("sample_len")
+
+
+def run_config(config: dict, results: dict) -> dict:
+    """The caller's configuration, completed from what lm-eval reports about itself."""
+    merged = dict(config)
+    lm_config = results.get("config") or {}
+    merged.setdefault("model", results.get("model_name") or lm_config.get("model_args") or lm_config.get("model"))
+    merged.setdefault("lm_eval_version", results.get("lm_eval_version"))
+    for ours, theirs in (("limit", "limit"), ("seed", "random_seed"), ("device", "device")):
+        if lm_config.get(theirs) is not None:
+            merged.setdefault(ours, lm_config[theirs])
+    merged.setdefault("lm_eval", {k: results[k] for k in ("n-shot", "versions", "task_hashes") if k in results})
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def engine_rows(engine) -> list[dict]:
+    """engine_by_task[task]: the engine's summary (evalsuite.metrics), one row dict, or a list of row dicts."""
+    if engine is None:
+        return []
+    if isinstance(engine, dict):
+        return summary_rows(engine) if _is_summary(engine) else [dict(engine)]
+    return [dict(row) for row in engine]
+
+
+def _is_summary(engine: dict) -> bool:
+    return "layers" in engine or "recall" in engine or isinstance(engine.get("tpot_ms"), dict)
+
+
+def _median(value):
+    return value.get("median") if isinstance(value, dict) else value
+
+
+def _counters(counters: dict) -> dict:
+    return {name: counters.get(name) for name in ("hit_rate", "prefetch_precision", "bytes_transferred", "stall_s")}
+
+
+def summary_rows(summary: dict) -> list[dict]:
+    """A whole-model row and one row per layer, each once per recall k (one k by default: the router's top-K).
+
+    TTFT and TPOT are the medians over requests, as lm-eval's table shows them."""
+    recall = summary.get("recall") or {}
+    ks = sorted(recall, key=lambda k: int(k)) or [None]
+    whole = {**_counters(summary), "ttft_ms": _median(summary.get("ttft_ms")),
+             "tpot_ms": _median(summary.get("tpot_ms")), "tokens": summary.get("tokens")}
+    rows = [{**whole, "layer": None, "k": _int(k), "recall_at_k": recall[k].get("mean") if k is not None else None}
+            for k in ks]
+    counters = {str(layer): c for layer, c in (summary.get("layers") or {}).items()}
+    recall_by_layer = {k: {str(layer): v for layer, v in (recall[k].get("layers") or {}).items()}
+                       for k in ks if k is not None}
+    for layer in sorted(set(counters).union(*recall_by_layer.values()), key=int):
+        for k in ks:
+            rows.append({**_counters(counters.get(layer, {})), "layer": int(layer), "k": _int(k),
+                         "recall_at_k": recall_by_layer[k].get(layer) if k is not None else None})
+    return rows
+
+
+def _int(value):
+    return None if value is None else int(value)

@@ -1,0 +1,98 @@
+"""A report over every run in the database: CSV tables, PNG plots and an index.html that shows them."""
+from __future__ import annotations
+
+import html
+import os
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from . import plots
+from .compare import whole_model_rows
+
+# which metric stands for a task's accuracy, most preferred first; otherwise the first metric by name
+MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
+_RUN_LABELS = ["id", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link", "dtype",
+               "device"]
+_ENGINE_COLUMNS = ["recall_at_k", "prefetch_precision", "hit_rate", "bytes_transferred", "stall_s", "ttft_ms",
+                   "tpot_ms", "tokens"]
+
+
+def main_metrics(task_metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, task): its main metric (preferred name, filter 'none' first)."""
+    if task_metrics.empty:
+        return task_metrics
+    ranked = task_metrics.dropna(subset=["value"]).assign(
+        rank=lambda t: t["metric"].map(lambda m: MAIN_METRICS.index(m) if m in MAIN_METRICS else len(MAIN_METRICS)),
+        not_none=lambda t: t["filter"].fillna("none") != "none")
+    ranked = ranked.sort_values(["run_id", "task", "rank", "not_none", "metric", "filter"])
+    return ranked.drop_duplicates(["run_id", "task"]).drop(columns=["rank", "not_none"])
+
+
+def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.DataFrame) -> pd.DataFrame:
+    """Per run: mean main-metric accuracy over its tasks and whole-model engine metrics averaged over tasks."""
+    main = main_metrics(task_metrics)
+    accuracy = main.groupby("run_id").agg(tasks=("task", "nunique"), accuracy=("value", "mean"),
+                                          metrics=("metric", lambda m: ",".join(sorted(set(m)))))
+    whole = whole_model_rows(engine, "run_id")
+    engine_means = whole.groupby("run_id")[_ENGINE_COLUMNS].mean() if not whole.empty else pd.DataFrame(
+        columns=_ENGINE_COLUMNS)
+    table = runs[_RUN_LABELS].set_index("id").join(accuracy).join(engine_means)
+    return table.reset_index().rename(columns={"index": "id"})
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0, classes="t")
+
+
+def report(db, out_dir: str = os.path.join("results", "report")) -> dict:
+    """Write CSVs, PNGs and index.html to out_dir; returns {'html', 'tables', 'plots', 'notes'}."""
+    os.makedirs(out_dir, exist_ok=True)
+    runs = db.runs()
+    task_metrics, engine = db.task_metrics(), db.engine_metrics()
+    labels = runs[_RUN_LABELS].rename(columns={"id": "run_id"})
+    tables = {
+        "runs": runs.drop(columns=["config", "writer_pid", "writer_host", "writer_start"]),
+        "summary": summary_table(runs, task_metrics, engine),
+        "task_metrics": labels.merge(task_metrics, on="run_id"),
+        "engine_metrics": labels.merge(engine, on="run_id"),
+    }
+    for name, frame in tables.items():
+        frame.to_csv(os.path.join(out_dir, f"{name}.csv"), index=False)
+    layers = tables["engine_metrics"][tables["engine_metrics"]["layer"].notna()]
+    drawn, notes = [], []
+    for name, title, draw, data in (
+            ("accuracy_vs_tpot.png", "Accuracy vs TPOT", plots.accuracy_vs_tpot, tables["summary"]),
+            ("recall_per_layer.png", "Recall@K per layer and predictor", plots.recall_heatmap, layers),
+            ("hit_rate_vs_capacity.png", "Hit rate vs cache capacity", plots.hit_rate_vs_capacity, tables["summary"])):
+        note = draw(data, os.path.join(out_dir, name))
+        if note is None:
+            drawn.append((name, title))
+        else:
+            notes.append(note)
+    path = os.path.join(out_dir, "index.html")
+    with open(path, "w") as f:
+        f.write(_page(db.url, tables, drawn, notes))
+    return {"html": path, "tables": tables, "plots": [os.path.join(out_dir, n) for n, _ in drawn], "notes": notes}
+
+
+def _page(url: str, tables: dict, drawn: list, notes: list) -> str:
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>evalsuite results</title><style>",
+             "body{font-family:sans-serif;margin:2em;max-width:1400px}table.t{border-collapse:collapse;font-size:12px}"
+             "table.t td,table.t th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}"
+             "img{max-width:100%;border:1px solid #eee}.note{color:#a60}</style></head><body>",
+             f"<h1>evalsuite results</h1><p>{html.escape(url)} &middot; {len(tables['runs'])} runs &middot; "
+             f"generated {generated}</p>"]
+    for name, title in drawn:
+        parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(name)}' alt='{html.escape(title)}'>")
+    for note in notes:
+        parts.append(f"<p class='note'>Skipped: {html.escape(note)}</p>")
+    parts.append("<h2>Runs</h2><p>accuracy: mean over the run's tasks of each task's main metric; engine columns: "
+                 "whole-model rows averaged over tasks. CSVs: " + ", ".join(
+                     f"<a href='{n}.csv'>{n}.csv</a>" for n in tables) + "</p>")
+    parts.append(_html_table(tables["summary"]))
+    task_metrics = tables["task_metrics"].drop(columns=["link", "dtype", "device"])
+    parts.append("<h2>Task metrics</h2>" + _html_table(task_metrics))
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,149 @@
+"""Tables of the results database and the ordered migrations that bring an older database up to date.
+
+Version 1 had runs, task_metrics, engine_metrics and samples without writer tracking; version 2 added the
+writer's pid/host/start token and a heartbeat to runs (so a dead writer's run reads 'incomplete'), the
+metric/filter a sample score belongs to, and lookup indexes. A new database is created at the latest
+version directly; an existing one runs every migration above its stored version, in order, in one
+transaction.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, inspect,
+                        select, text)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+LATEST_VERSION = 2
+RUN_STATUSES = ("running", "complete", "incomplete", "failed")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaVersion(Base):
+    __tablename__ = "schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)  # naive UTC
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    model: Mapped[str | None] = mapped_column(Text)
+    model_fingerprint: Mapped[str | None] = mapped_column(String(128))
+    mode: Mapped[str | None] = mapped_column(String(64))
+    predictor: Mapped[str | None] = mapped_column(String(64))
+    predictor_artifact: Mapped[str | None] = mapped_column(String(128))
+    cache_capacity: Mapped[str | None] = mapped_column(String(64))  # '8', '0.5', '512MiB', 'all'
+    cache_policy: Mapped[str | None] = mapped_column(String(32))
+    link: Mapped[str | None] = mapped_column(String(64))
+    dtype: Mapped[str | None] = mapped_column(String(32))
+    device: Mapped[str | None] = mapped_column(String(64))
+    hardware: Mapped[str | None] = mapped_column(Text)
+    evalsuite_version: Mapped[str | None] = mapped_column(String(64))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    lm_eval_version: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int | None] = mapped_column(Integer)
+    limit: Mapped[float | None] = mapped_column(Float)
+    config: Mapped[dict | None] = mapped_column(JSON)
+    # version 2: who writes the run, to tell a live run from one whose process died
+    writer_pid: Mapped[int | None] = mapped_column(Integer)
+    writer_host: Mapped[str | None] = mapped_column(String(255))
+    writer_start: Mapped[str | None] = mapped_column(String(64))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class TaskMetric(Base):
+    __tablename__ = "task_metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(255))
+    metric: Mapped[str] = mapped_column(String(128))
+    filter: Mapped[str | None] = mapped_column(String(128))
+    value: Mapped[float | None] = mapped_column(Float)
+    stderr: Mapped[float | None] = mapped_column(Float)
+    n: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (Index("ix_task_metrics_run_task", "run_id", "task"),)
+
+
+class EngineMetric(Base):
+    __tablename__ = "engine_metrics"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    task: Mapped[str | None] = mapped_column(String(255))
+    layer: Mapped[int | None] = mapped_column(Integer)  # NULL: the whole model
+    recall_at_k: Mapped[float | None] = mapped_column(Float)
+    k: Mapped[int | None] = mapped_column(Integer)
+    prefetch_precision: Mapped[float | None] = mapped_column(Float)
+    hit_rate: Mapped[float | None] = mapped_column(Float)
+    bytes_transferred: Mapped[float | None] = mapped_column(Float)
+    stall_s: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
+    tokens: Mapped[int | None] = mapped_column(Integer)
+    __table_args__ = (Index("ix_engine_metrics_run_task", "run_id", "task"),)
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(255))
+    doc_id: Mapped[int] = mapped_column(Integer)
+    score: Mapped[float | None] = mapped_column(Float)
+    correct: Mapped[bool | None] = mapped_column(Boolean)
+    prediction: Mapped[str | None] = mapped_column(Text)
+    target: Mapped[str | None] = mapped_column(Text)
+    first_divergence: Mapped[int | None] = mapped_column(Integer)  # first generated token that differs
+    identical_share: Mapped[float | None] = mapped_column(Float)  # share of generated tokens identical
+    # version 2: lm-eval scores one document under several metrics and filters
+    metric: Mapped[str | None] = mapped_column(String(128))
+    filter: Mapped[str | None] = mapped_column(String(128))
+    __table_args__ = (Index("ix_samples_run_task", "run_id", "task"),)
+
+
+TABLES = ("runs", "task_metrics", "engine_metrics", "samples")
+
+
+def _v1_to_v2(conn) -> None:
+    for column, sql_type in (("writer_pid", "INTEGER"), ("writer_host", "VARCHAR(255)"),
+                             ("writer_start", "VARCHAR(64)"), ("heartbeat_at", "TIMESTAMP")):
+        conn.execute(text(f"ALTER TABLE runs ADD COLUMN {column} {sql_type}"))
+    for column in ("metric", "filter"):
+        conn.execute(text(f'ALTER TABLE samples ADD COLUMN "{column}" VARCHAR(128)'))
+    for table in ("task_metrics", "engine_metrics", "samples"):
+        conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_run_task ON {table} (run_id, task)"))
+
+
+# (version reached, function): applied in order to every database below that version
+MIGRATIONS = [(2, _v1_to_v2)]
+
+
+def migrate(conn) -> int:
+    """Create or upgrade the schema inside the caller's transaction; returns the version found before."""
+    if conn.dialect.name == "postgresql":  # two processes opening a fresh database create it once
+        conn.execute(text("SELECT pg_advisory_xact_lock(7230613)"))
+    tables = set(inspect(conn).get_table_names())
+    if "schema_version" not in tables:
+        if tables & set(TABLES):
+            raise ValueError("the database has a 'runs' table but no schema_version table: it is not an "
+                             "evalsuite results database; point --db / EVALSUITE_DB at another one")
+        Base.metadata.create_all(conn)
+        conn.execute(SchemaVersion.__table__.insert().values(version=LATEST_VERSION))
+        return 0
+    found = conn.execute(select(SchemaVersion.version)).scalar()
+    if found is None:
+        raise ValueError("the results database has an empty schema_version table; restore it or use another database")
+    if found > LATEST_VERSION:
+        raise ValueError(f"the results database has schema version {found}, newer than this evalsuite "
+                         f"understands ({LATEST_VERSION}); upgrade evalsuite")
+    for version, step in MIGRATIONS:
+        if version > found:
+            step(conn)
+    if found < LATEST_VERSION:
+        conn.execute(SchemaVersion.__table__.update().values(version=LATEST_VERSION))
+    return found

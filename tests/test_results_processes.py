@@ -1,0 +1,77 @@
+"""Runs written by other processes: one killed mid-run, and two writing one SQLite file at once."""
+import multiprocessing
+import os
+import signal
+import time
+
+from evalsuite.results import ResultsDB
+
+# forked writers start at once: a fresh interpreter would spend seconds importing torch via evalsuite
+FORK = multiprocessing.get_context("fork")
+
+
+def _write_run(url, name, tasks, samples, hang, run_ids):
+    db = ResultsDB(url)
+    run_id = db.start_run({"model": "tiny", "mode": name})
+    for t in range(tasks):
+        rows = [{"doc_id": d, "metric": "acc", "score": float((d + t) % 2), "prediction": f"{name} {t} {d}"}
+                for d in range(samples)]
+        db.add_task(run_id, f"task{t}", [{"metric": "acc", "value": 0.5, "n": samples}],
+                    [{"layer": None, "tpot_ms": 1.0 + t}], rows)
+    if hang:
+        run_ids.put(run_id)
+        time.sleep(600)  # killed here, before finish_run
+    db.finish_run(run_id)
+    run_ids.put(run_id)
+
+
+def _writer(url, name, tasks, samples, hang=False):
+    run_ids = FORK.Queue()
+    process = FORK.Process(target=_write_run, args=(url, name, tasks, samples, hang, run_ids))
+    process.start()
+    return process, run_ids
+
+
+def test_killed_writer_leaves_an_incomplete_run_with_its_finished_tasks(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    writer, run_ids = _writer(url, "speculative", tasks=3, samples=20, hang=True)
+    run_id = run_ids.get(timeout=120)  # sent after three tasks were committed
+    db = ResultsDB(url)
+    assert db.run(run_id)["status"] == "running"  # alive: not mistaken for dead
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join(timeout=30)
+    assert ResultsDB(url).runs().set_index("id").loc[run_id, "status"] == "incomplete"
+    assert sorted(db.task_metrics([run_id])["task"]) == ["task0", "task1", "task2"]
+    assert len(db.samples([run_id])) == 3 * 20
+    assert db.engine_metrics([run_id])["tpot_ms"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_killed_child_not_yet_reaped_counts_as_dead(tmp_path):
+    # between SIGKILL and wait() the child is a zombie: its pid still answers kill(pid, 0)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    writer, run_ids = _writer(url, "speculative", tasks=1, samples=2, hang=True)
+    run_id = run_ids.get(timeout=120)
+    os.kill(writer.pid, signal.SIGKILL)
+    deadline = time.time() + 20
+    while ResultsDB(url).run(run_id)["status"] == "running" and time.time() < deadline:
+        time.sleep(0.1)
+    assert ResultsDB(url).run(run_id)["status"] == "incomplete"
+    writer.join(timeout=30)
+
+
+def test_two_processes_writing_one_sqlite_file_lose_nothing(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"  # created by whichever writer opens it first
+    tasks, samples = 60, 50
+    writers = [_writer(url, name, tasks, samples) for name in ("resident", "on-demand")]
+    written = sorted(run_ids.get(timeout=300) for _, run_ids in writers)
+    for process, _ in writers:
+        process.join(timeout=60)
+    assert [process.exitcode for process, _ in writers] == [0, 0]
+    db = ResultsDB(url)
+    runs = db.runs()
+    assert sorted(runs["id"]) == written
+    assert set(runs["status"]) == {"complete"}
+    for run_id, mode in runs[["id", "mode"]].itertuples(index=False):
+        stored = db.samples([run_id])
+        assert len(stored) == tasks * samples and len(db.task_metrics([run_id])) == tasks
+        assert stored["prediction"].str.startswith(mode + " ").all()

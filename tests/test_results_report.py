@@ -1,0 +1,61 @@
+"""report(): CSV tables, PNG plots and an HTML page from constructed runs; plots without data are skipped."""
+import re
+
+import pandas as pd
+import pytest
+
+from evalsuite.results.plots import pareto_front
+from evalsuite.results.report import report
+
+from .results_data import make_run, open_db
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _runs(db):
+    make_run(db, mode="resident", correct=[1] * 9 + [0], tpot_ms=40.0, hit_rate=1.0, cache_capacity=1.0)
+    for predictor, recall, tpot, right in (("gate", [0.9, 0.8, 0.7, 0.6], 18.0, 9), ("quasi", [0.95, 0.9, 0.85, 0.8], 15.0, 8),
+                                           ("adapter", [0.97, 0.93, 0.9, 0.88], 22.0, 7)):
+        for capacity, hit in ((0.25, 0.45), (0.5, 0.7), (0.75, 0.88)):
+            make_run(db, mode="speculative", predictor=predictor, correct=[1] * right + [0] * (10 - right),
+                     tpot_ms=tpot / capacity ** 0.3, recall=sum(recall) / 4, hit_rate=hit, cache_capacity=capacity,
+                     layer_recall=recall)
+    make_run(db, mode="on-demand", correct=[1] * 9 + [0], tpot_ms=60.0, hit_rate=0.5, cache_capacity="512MiB")
+
+
+def test_report_writes_html_pngs_and_csvs(tmp_path):
+    db = open_db(tmp_path)
+    _runs(db)
+    out = tmp_path / "report"
+    made = report(db, str(out))
+    assert made["notes"] == []
+    assert sorted(p.name for p in out.glob("*.png")) == ["accuracy_vs_tpot.png", "hit_rate_vs_capacity.png",
+                                                        "recall_per_layer.png"]
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+    page = (out / "index.html").read_text()
+    assert set(re.findall(r"src='([^']+)'", page)) == {"accuracy_vs_tpot.png", "hit_rate_vs_capacity.png",
+                                                      "recall_per_layer.png"}
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 11 and summary.set_index("id").loc[1, "accuracy"] == pytest.approx(0.9)
+    assert {"runs.csv", "task_metrics.csv", "engine_metrics.csv"} <= {p.name for p in out.glob("*.csv")}
+    layers = pd.read_csv(out / "engine_metrics.csv").dropna(subset=["layer"])
+    assert set(layers["predictor"]) == {"gate", "quasi", "adapter"} and set(layers["layer"]) == {0, 1, 2, 3}
+
+
+def test_plots_without_data_are_skipped_with_a_note(tmp_path):
+    db = open_db(tmp_path)
+    run_id = db.start_run({"mode": "resident"})
+    db.add_task(run_id, "arith", [{"metric": "acc", "value": 0.5}])
+    db.finish_run(run_id)
+    made = report(db, str(tmp_path / "report"))
+    assert made["plots"] == [] and len(made["notes"]) == 3
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert page.count("Skipped:") == 3 and "<img" not in page
+    assert report(open_db(tmp_path, "empty.db"), str(tmp_path / "empty"))["plots"] == []
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    tpot = [10, 12, 11, 20, 15, 9]
+    accuracy = [0.70, 0.80, 0.65, 0.85, 0.80, 0.60]
+    assert pareto_front(tpot, accuracy).tolist() == [5, 0, 1, 3]  # rising TPOT, rising accuracy
