@@ -1,0 +1,31 @@
+"""lm-eval `!function` hooks for the benchmark tasks (gsm8k_es, humaneval_es, strategyqa_es_*, aime*_es).
+
+lm-eval imports this file by path (relative to the YAML files), so it puts the
+repository root on sys.path itself; that makes `--include_path tasks` work from
+any working directory without installing the package.
+"""
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
+    boxed_integer_filter, gsm8k_flexible_filter, gsm8k_strict_filter, keep_all_generations,
+    score_aime, score_gsm8k, score_humaneval, score_yes_no, yes_no_filter,
+)
+from evalsuite.scoring.datasets import (  # noqa: E402,F401
+    load_aime24, load_aime25, load_aime_1983_2024, load_gsm8k, load_humaneval, load_strategyqa,
+)
+
+
+def strategyqa_cot_target(doc: dict) -> str:
+    """A few-shot exemplar's answer: the supporting facts as the reasoning, then the verdict."""
+    reasoning = " ".join(doc["facts"])
+    return f"{reasoning} So the answer is {doc['target']}.".strip()
+
+
+def strategyqa_choice_index(doc: dict) -> int:
+    """Index of the right answer in the choices ["yes", "no"]."""
+    return 0 if doc["answer"] else 1
