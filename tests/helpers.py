@@ -37,3 +37,13 @@ TASKS = os.path.join(REPO, "tasks")
 
 def shipped_model(name: str = "tiny-qwen3-moe") -> str:
     return os.path.join(REPO, "models", name)
+
+
+def shared_data() -> str | None:
+    """The benchmark data directory: EVALSUITE_DATA_DIR, or shared/data beside or inside the checkout."""
+    candidates = (os.environ.get("EVALSUITE_DATA_DIR"), os.path.join(REPO, "..", "shared", "data"),
+                  os.path.join(REPO, "shared", "data"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(os.path.join(candidate, "gsm8k", "test.jsonl")):
+            return os.path.abspath(candidate)
+    return None

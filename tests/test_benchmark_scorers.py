@@ -15,18 +15,11 @@ import pytest
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring import datasets as ds
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .helpers import shared_data
 
 
-def find_data_dir() -> Path | None:
-    candidates = [os.environ.get(ds.DATA_DIR_ENV), REPO_ROOT.parent / "shared" / "data", REPO_ROOT / "shared" / "data"]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "gsm8k" / "test.jsonl").is_file():
-            return Path(candidate)
-    return None
 
-
-DATA_DIR = find_data_dir()
+DATA_DIR = Path(shared_data()) if shared_data() else None
 needs_data = pytest.mark.skipif(DATA_DIR is None, reason="benchmark data directory (shared/data) not found")
 
 

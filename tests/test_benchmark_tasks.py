@@ -17,6 +17,8 @@ from lm_eval.api.model import LM
 
 from evalsuite.scoring import datasets as ds
 
+from .helpers import shared_data
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TASKS_DIR = REPO_ROOT / "tasks"
 
@@ -36,15 +38,7 @@ TASKS = {
 SAFE_TASKS = [name for name in TASKS if not name.startswith("humaneval")]
 
 
-def find_data_dir() -> Path | None:
-    candidates = [os.environ.get(ds.DATA_DIR_ENV), REPO_ROOT.parent / "shared" / "data", REPO_ROOT / "shared" / "data"]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / "gsm8k" / "test.jsonl").is_file():
-            return Path(candidate)
-    return None
-
-
-DATA_DIR = find_data_dir()
+DATA_DIR = Path(shared_data()) if shared_data() else None
 pytestmark = pytest.mark.skipif(DATA_DIR is None, reason="benchmark data directory (shared/data) not found")
 
 
