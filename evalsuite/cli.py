@@ -91,7 +91,8 @@ def cmd_eval(args) -> int:
     tasks = args.tasks.split(",") if args.tasks else default_tasks()
     rows = run_suite(models, args.modes.split(","), tasks, args.limit, predictor=args.predictor,
                      predictor_path=args.predictor_path, cache_capacity=args.cache_capacity, link=args.link,
-                     db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code)
+                     db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
+                     fresh=args.fresh)
     print(format_rows(rows))
     return 0
 
@@ -159,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data-dir", help="offline benchmark data laid out like shared/data (sets EVALSUITE_DATA_DIR)")
     e.add_argument("--db", help="results database URL (default: EVALSUITE_DB or sqlite:///results/results.db)")
     e.add_argument("--out", default="results", help="folder for lm-eval's JSON results")
+    e.add_argument("--fresh", action="store_true",
+                   help="start new runs even where a run with this exact configuration is stored (default: resume it)")
     e.add_argument("--confirm-run-unsafe-code", action="store_true",
                    help="allow scoring generated code (in the sandbox): needed by code tasks")
     _add_engine_options(e)

@@ -10,7 +10,9 @@ import json
 import os
 import time
 
+from .. import __version__
 from ..generate import divergence_from
+from ..results.provenance import git_commit
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 TASKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
@@ -66,8 +68,14 @@ def _row(ids):
 
 
 def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
-              db_url=None, out_dir="results", confirm_run_unsafe_code=False, progress=print) -> list[dict]:
-    """Evaluate every (model, mode) over `tasks`; each task lands in the database as soon as it is done."""
+              db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print) -> list[dict]:
+    """Evaluate every (model, mode) over `tasks`; each task lands in the database as soon as it is done.
+
+    A run made earlier with exactly the same configuration (model fingerprint, mode, predictor and
+    artifact, cache, link, limit, tasks, code version) is resumed: its stored tasks are kept and only
+    the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
+    stored once. A task cut off mid-way is run again whole, so its engine metrics stay complete.
+    `fresh=True` always starts new runs."""
     import lm_eval
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
@@ -85,15 +93,25 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
             name = os.path.basename(model.rstrip("/"))
             args = model_args(model, mode, predictor, predictor_path, cache_capacity, link)
             lm = get_model("specmoe").create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
-            config = {"model": model, "mode": mode, "predictor": lm.engine.describe()["predictor"],
+            # a local directory is known by its name, so gates and reports work from any checkout
+            config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
+                      "mode": mode, "predictor": lm.engine.describe()["predictor"],
                       "predictor_artifact": predictor_path, "cache_capacity": str(cache_capacity),
                       "cache_policy": "lru", "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
-                      "model_fingerprint": lm.fingerprint(), "model_args": args}
-            run_id = db.start_run(config)
+                      "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
+                      "git_commit": git_commit(), "evalsuite_version": __version__}
+            run_id, done = open_run(db, config, fresh, progress)
             status = "failed"
             try:
                 for task in tasks:
+                    if task in done:  # stored by an earlier, interrupted invocation
+                        stored = load_json(out_dir, f"{run_id}-{name}-{mode}-{task}")
+                        if stored is not None:
+                            if mode == "resident":
+                                reference[task] = stored
+                            rows += table_rows(stored, name, mode, stored.get("divergence", {}), run_id, 0.0)
+                        continue
                     progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
                     started = time.time()
                     results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True,
@@ -103,14 +121,32 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                         reference[task] = results
                     diverged = divergence(results, reference[task], tokenizer) if task in reference and \
                         mode != "resident" else {}
+                    results["divergence"] = diverged
                     save_json(results, out_dir, f"{run_id}-{name}-{mode}-{task}")
                     db.add_lm_eval_tasks(run_id, results, results.get("engine"))
                     rows += table_rows(results, name, mode, diverged, run_id, time.time() - started)
                 status = "complete"
+            except KeyboardInterrupt:
+                status = "incomplete"  # resumable, like a killed run
+                raise
             finally:
                 db.finish_run(run_id, status)
                 lm.engine.close()
     return rows
+
+
+def open_run(db, config: dict, fresh: bool, progress) -> tuple[int, set[str]]:
+    """A new run, or the earlier run with this exact configuration and the tasks it already stored."""
+    found = None if fresh else db.matching_run(config)
+    if found is None:
+        return db.start_run(config), set()
+    run_id, status, done = found
+    if set(config["tasks"]) - done:
+        progress(f"[evalsuite] resuming run {run_id} ({status}): {len(done)} of {len(config['tasks'])} tasks stored")
+        db.resume_run(run_id)
+    else:
+        progress(f"[evalsuite] run {run_id} already holds every task: kept as it is (--fresh runs again)")
+    return run_id, done
 
 
 def table_rows(results, model, mode, diverged, run_id, seconds) -> list[dict]:
@@ -132,6 +168,14 @@ def save_json(results: dict, out_dir: str, stem: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
+
+
+def load_json(out_dir: str, stem: str) -> dict | None:
+    path = os.path.join(out_dir, f"{stem}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
 
 
 def format_rows(rows) -> str:

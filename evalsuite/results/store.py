@@ -243,6 +243,33 @@ class ResultsDB:
                 update(Run).where(Run.id.in_(stale), Run.status == "running").values(status="incomplete")))
         return stale
 
+    def matching_run(self, config: dict) -> tuple[int, str, set[str]] | None:
+        """The newest complete or incomplete run made with exactly `config` (so resuming never mixes
+        answers of two configurations): its id, status and the tasks it stored; None if there is none."""
+        self.mark_stale_runs()
+        wanted = _json_ready(dict(config))
+        with self.engine.connect() as conn:
+            candidates = conn.execute(select(Run.id, Run.status, Run.config)
+                                      .where(Run.status.in_(("complete", "incomplete"))).order_by(Run.id.desc())).all()
+            for run_id, status, stored in candidates:
+                stored = json.loads(stored) if isinstance(stored, str) else stored
+                if stored == wanted:
+                    done = conn.execute(select(TaskMetric.task).where(TaskMetric.run_id == run_id).distinct())
+                    return run_id, status, {row.task for row in done}
+        return None
+
+    def resume_run(self, run_id: int) -> None:
+        """Take over an incomplete run: this process becomes its writer and it is 'running' again."""
+        pid = os.getpid()
+
+        def work(conn):
+            self._require_run(conn, run_id)
+            conn.execute(update(Run).where(Run.id == run_id).values(
+                status="running", finished_at=None, heartbeat_at=_now(), writer_pid=pid,
+                writer_host=provenance.host(), writer_start=provenance.process_start(pid)))
+
+        self._write(work)
+
     @staticmethod
     def _require_run(conn, run_id) -> None:
         if conn.execute(select(Run.id).where(Run.id == run_id)).first() is None:
