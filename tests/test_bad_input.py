@@ -105,3 +105,14 @@ def test_cli_calibrate_then_generate_with_the_artifact(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "cannot calibrate predictor='x'" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+
+
+def test_cache_that_does_not_fit_names_the_largest_that_would(monkeypatch):
+    import evalsuite.engine.cache as cache
+
+    model = fresh()
+    expert_bytes = 3 * 64 * 32 * 4  # qwen3_moe tiny: gate_up [64, 64] + down [64, 32], float32
+    monkeypatch.setattr(cache, "free_bytes", lambda device: 10 * expert_bytes)
+    with pytest.raises(ValueError, match=r"does not fit .* the largest that fits is cache_capacity=9"):
+        evalsuite.offload(model, cache_capacity=12)
+    assert model.model.layers[0].mlp.experts.gate_up_proj.numel() > 0

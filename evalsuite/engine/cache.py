@@ -6,6 +6,7 @@ per sparse layer. An expert in use (pinned) or still being copied is never evict
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import OrderedDict
 
@@ -37,6 +38,26 @@ def capacity_in_experts(capacity, total_experts: int, expert_bytes: int) -> int:
         raise ValueError(f"cache_capacity={capacity!r}: give a count of experts (int), a fraction "
                          "of all experts (float in (0, 1]), a size such as '512MiB', or 'all'")
     return min(count, total_experts)
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory the cache could still take on `device` (CUDA: free device memory; CPU: available RAM)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(capacity: int, expert_bytes: int, device: torch.device, reserve: float = 0.1) -> None:
+    """Refuse a cache that would not fit, naming the largest capacity that would (keeping `reserve`
+    of the free memory for activations)."""
+    free = int(free_bytes(device) * (1 - reserve))
+    if capacity * expert_bytes > free:
+        raise ValueError(f"a cache of {capacity} experts ({capacity * expert_bytes / 2**30:.2f} GiB) does not fit "
+                         f"the memory free on {device}; the largest that fits is cache_capacity={free // expert_bytes}")
 
 
 class Pool:

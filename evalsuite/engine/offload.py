@@ -17,7 +17,7 @@ from .. import arch
 from ..metrics import Counters, EngineRecord, RequestTiming
 from ..modes import PredictionDriver
 from ..predict import Artifact, build_predictor
-from .cache import POLICIES, ExpertCache, capacity_in_experts
+from .cache import POLICIES, ExpertCache, capacity_in_experts, check_fits
 from .kernel import run_experts
 from .scheduler import PrefetchScheduler
 from .store import ExpertLayout, HostStore, SafetensorsStore
@@ -135,6 +135,7 @@ class Engine:
             need = top_k * (len(self.layers) if per_layer else 1)
             raise ValueError(f"cache_capacity={cache_capacity!r} gives {pool_size} slots per pool, below "
                              f"top-k={top_k}: one token's experts must fit; use at least {need} experts")
+        check_fits(capacity, self.layout.nbytes, self.device)
         pin = self.device.type == "cuda"
         if store == "host":
             self.store = HostStore(self.layers, self.layout, pin)
