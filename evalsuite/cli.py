@@ -6,6 +6,13 @@ import json
 import sys
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
+
+
 def _capacity(text: str):
     """'8' -> 8 experts, '0.25' -> a quarter of all experts, '512MiB' / 'all' kept as text."""
     for convert in (int, float):
@@ -58,9 +65,16 @@ def cmd_calibrate(args) -> int:
     from .generate import load_model
     from .predict.calibrate import calibrate, calibration_texts, token_batches
 
+    for name in ("prompts", "max_len", "rank", "hidden"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.epochs < 0:
+        raise ValueError("--epochs must be 0 or more")
+    texts = calibration_texts(args.data, args.prompts) if args.data else None  # checked before loading
     model, tokenizer = load_model(args.model, args.dtype, args.device)
-    # a random-weight tiny model has no tokenizer: random token ids serve as well as text
-    texts = calibration_texts(args.data, args.prompts) if tokenizer is not None else [""] * args.prompts
+    if texts is None:
+        # a random-weight tiny model has no tokenizer: random token ids serve as well as text
+        texts = calibration_texts(None, args.prompts) if tokenizer is not None else [""] * args.prompts
     batches = list(token_batches(texts, tokenizer, model.config.get_text_config().vocab_size, max_len=args.max_len))
     artifact = calibrate(model, batches, args.predictor, rank=args.rank, horizon=args.horizon, hidden=args.hidden,
                          epochs=args.epochs, lr=args.lr)
@@ -81,11 +95,9 @@ def cmd_eval(args) -> int:
 
     from .lm.suite import format_rows, run_suite
 
+    if args.limit < 1:
+        raise ValueError("--limit must be at least 1")
     models = args.model.split(",") if args.model else default_models()
-    for model in models:
-        if not os.path.isdir(model):
-            raise FileNotFoundError(f"no model directory {model!r}: pass --model DIR (make eval MODEL=DIR), "
-                                    "or train the shipped ones with `make tiny-models`")
     if args.data_dir:
         os.environ["EVALSUITE_DATA_DIR"] = os.path.abspath(args.data_dir)
     tasks = args.tasks.split(",") if args.tasks else default_tasks()
@@ -121,7 +133,7 @@ def cmd_train_tiny(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="evalsuite", description=__doc__)
+    parser = Parser(prog="evalsuite", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="greedy generation under several modes, with engine metrics")
@@ -182,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError, OSError) as exc:  # bad input: one line, exit 2
-        print(f"evalsuite: error: {exc}", file=sys.stderr)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"evalsuite: error: {first}", file=sys.stderr)
         return 2
 
 

@@ -122,19 +122,32 @@ class ExpertCache:
             transfer = None
         return transfer is None
 
-    def _evictable(self, key) -> bool:
-        return not self.pins.get(key) and self.settled(key)
+    def failed(self, key) -> bool:
+        """Whether the copy that was to fill `key`'s slot ended in an error."""
+        transfer = self.transfers.get(key)
+        return transfer is not None and transfer.done.is_set() and transfer.error is not None
 
-    def can_place(self, layer: int, protect=()) -> bool:
+    def forget(self, key) -> None:
+        """Give `key`'s slot back to its pool (after a failed copy); pins are left to their owners."""
+        pool = self.pools[key[0]]
+        pool.free.append(self.slot_of.pop(key))
+        pool.recency.pop(key, None)
+        self.transfers.pop(key, None)
+
+    def _evictable(self, key, exclude=()) -> bool:
+        return key not in exclude and not self.pins.get(key) and self.settled(key)
+
+    def can_place(self, layer: int, protect=(), exclude=()) -> bool:
+        """Whether a slot is free or can be freed; `protect` keys are evicted last, `exclude` keys never."""
         pool = self.pools[layer]
-        return bool(pool.free) or pool.victim(self._evictable, protect) is not None
+        return bool(pool.free) or pool.victim(lambda k: self._evictable(k, exclude), protect) is not None
 
-    def place(self, key, protect=()) -> tuple[int, object | None]:
+    def place(self, key, protect=(), exclude=()) -> tuple[int, object | None]:
         """Give `key` a slot (evicting if needed); returns (slot, evicted key or None)."""
         pool = self.pools[key[0]]
         evicted = None
         if not pool.free:
-            evicted = pool.victim(self._evictable, protect)
+            evicted = pool.victim(lambda k: self._evictable(k, exclude), protect)
             if evicted is None:
                 raise RuntimeError(f"no evictable slot for expert {key}: every slot is pinned")
             del pool.recency[evicted]

@@ -21,7 +21,7 @@ from .cache import POLICIES, ExpertCache, capacity_in_experts, check_fits
 from .kernel import run_experts
 from .scheduler import PrefetchScheduler
 from .store import ExpertLayout, HostStore, SafetensorsStore
-from .transfer import TransferEngine, parse_link
+from .transfer import TransferEngine, TransferError, parse_link
 
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
 PREDICTING = ("router-preserving", "speculative", "hybrid")
@@ -175,8 +175,9 @@ class Engine:
                     held.append(key)
                 if not held:
                     raise RuntimeError(f"layer {layer}: no cache slot can be freed for {waiting[0]}")
-                key = held.popleft()
+                key = held[0]  # stays held (and pinned) until computed, even if the wait raises
                 yield key[1], self._ready_views(key, counters)
+                held.popleft()
                 self.cache.unpin(key)
         finally:  # an exception mid-layer must not leave slots pinned
             for key in held:
@@ -194,11 +195,12 @@ class Engine:
         if self.cache is None:
             return 0
         counters, started = self.record.counters[layer], 0
+        keep = {(layer, int(e)) for e in experts}  # never evict one requested expert for another
         for e in experts:
             key = (layer, int(e))
-            if self.cache.resident(key) or not self.cache.can_place(layer):
+            if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep):
                 continue
-            slot, evicted = self.cache.place(key)
+            slot, evicted = self.cache.place(key, exclude=keep)
             self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=True)
             self._prefetched.add(key)
@@ -213,6 +215,8 @@ class Engine:
 
     def _acquire(self, key, protect, counters: Counters) -> None:
         counters.expert_uses += 1
+        if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
+            self.cache.forget(key)
         if self.cache.resident(key):
             counters.hits += 1
             if key in self._prefetched:
@@ -233,7 +237,12 @@ class Engine:
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
         transfer = self.cache.transfers.get(key)
         if transfer is not None:
-            counters.stall_s += transfer.wait(self.timeout_s)
+            try:
+                counters.stall_s += transfer.wait(self.timeout_s)
+            except TransferError:
+                if self.cache.failed(key):  # a timed-out copy may still land; a failed one never will
+                    self.cache.forget(key)
+                raise
         return self.layout.views(self.cache.slots[self.cache.slot_of[key]])
 
     # ---- per-request timing ---------------------------------------------------------------

@@ -12,8 +12,9 @@ def main() -> None:
 
     try:
         cli_evaluate()
-    except (ValueError, FileNotFoundError) as exc:  # bad model_args, missing data: one line
-        print(f"evalsuite-lm-eval: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError) as exc:  # bad model_args, missing model or data: one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"evalsuite-lm-eval: error: {first}", file=sys.stderr)
         sys.exit(2)
 
 

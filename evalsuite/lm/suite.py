@@ -84,7 +84,15 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
     from ..results import ResultsDB
 
     manager = TaskManager(include_path=TASKS_DIR)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
+                         "(or `lm_eval ls tasks --include_path tasks`)")
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
+    for model in models:
+        if not os.path.isfile(os.path.join(model, "config.json")):
+            raise FileNotFoundError(f"no model directory {model!r} (with a config.json): pass --model DIR "
+                                    "(make eval MODEL=DIR), or train the shipped ones with `make tiny-models`")
     rows = []
     for model in models:
         tokenizer = AutoTokenizer.from_pretrained(model)

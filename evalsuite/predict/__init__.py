@@ -25,6 +25,8 @@ def build_predictor(name: str, layers, family, artifact: Artifact | None = None,
         predictor = PREDICTORS[name](layers, family, artifact)
     if horizon not in predictor.horizons:
         raise ValueError(f"predictor {name!r} predicts horizons {predictor.horizons}, not {horizon}")
+    if predictor.parts:
+        artifact.check(layers, predictor.parts, horizon)  # a damaged artifact fails here, not mid-run
     return predictor
 
 

@@ -49,6 +49,29 @@ class Artifact:
     def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
         return tuple(self._get(f"estimator.{layer}.{p}") for p in ("w1", "b1", "w2", "b2"))
 
+    def check(self, layers, parts, horizon: int = 1) -> None:
+        """Every tensor `parts` need for these sparse layers is present, with the model's shapes."""
+        hidden = layers[0].router.weight.shape[1]
+        expected = {}
+        for pos, layer in enumerate(layers):
+            e, i = layer.num_experts, layer.index
+            if "default_vectors" in parts:
+                expected[f"default_vectors.{i}"] = (e, hidden)
+            if "frequency" in parts:
+                expected[f"frequency.{i}"] = (e,)
+            if pos + 1 < len(layers) and "estimator" in parts:
+                width = self.meta.get("hidden")
+                nxt = layers[pos + 1].num_experts
+                expected.update({f"estimator.{i}.w1": (width, hidden), f"estimator.{i}.b1": (width,),
+                                 f"estimator.{i}.w2": (nxt, width), f"estimator.{i}.b2": (nxt,)})
+            if pos + horizon < len(layers) and "adapter" in parts:
+                rank, target = self.meta.get("rank"), layers[pos + horizon].num_experts
+                expected.update({f"adapter.{i}.{horizon}.A": (rank, hidden), f"adapter.{i}.{horizon}.B": (target, rank)})
+        for name, shape in expected.items():
+            if tuple(self._get(name).shape) != shape:
+                raise ArtifactError(f"predictor artifact tensor {name} has shape {tuple(self.tensors[name].shape)}, "
+                                    f"this model needs {shape}; recalibrate with evalsuite calibrate")
+
     def to(self, device) -> "Artifact":
         return Artifact({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
 
@@ -68,7 +91,11 @@ class Artifact:
                                 "evalsuite calibrate") from None
         if raw.get("format") != FORMAT:
             raise ArtifactError(f"{path!r} is not an evalsuite predictor artifact (format {raw.get('format')!r})")
-        meta = {k: json.loads(v) for k, v in raw.items() if k != "format"}
+        try:
+            meta = {k: json.loads(v) for k, v in raw.items() if k != "format"}
+        except json.JSONDecodeError:
+            raise ArtifactError(f"predictor artifact {path!r} has damaged metadata; recreate it with "
+                                "evalsuite calibrate") from None
         if model is not None:
             mine = fingerprint(model, layers)
             if meta.get("fingerprint") != mine:

@@ -155,14 +155,22 @@ def calibration_texts(data: str | None, limit: int) -> list[str]:
     """Texts from a JSONL file (fields text, prompt+completion or question+answer), or by
     default the project's own generated training data (never its held-out tasks)."""
     import json
+    import os
 
     if data is None:
         from ..zoo.corpus import training_corpus
 
         items = training_corpus(seed=7, size_per_skill=max(1, limit // 4))
     else:
+        if not os.path.isfile(data):
+            raise FileNotFoundError(f"calibration data {data!r} not found: give a JSONL file of texts")
         with open(data) as f:
-            items = [json.loads(line) for line in f if line.strip()]
+            try:
+                items = [json.loads(line) for line in f if line.strip()]
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"calibration data {data!r} is not JSONL ({exc.msg} at line {exc.lineno})") from None
+    if not all(isinstance(item, dict) for item in items):
+        raise ValueError(f"calibration data {data!r}: every line must be a JSON object")
     texts = [item.get("text") or (item.get("prompt", "") + item.get("completion", "")) or
              (item.get("question", "") + "\n" + str(item.get("answer", ""))) for item in items[:limit]]
     texts = [t for t in texts if t.strip()]

@@ -31,6 +31,7 @@ def router_logits(router, x: torch.Tensor) -> torch.Tensor:
 class Predictor:
     name = ""
     horizons = (1,)  # how far ahead it can predict
+    parts: tuple[str, ...] = ()  # what it reads from a calibration artifact
 
     def __init__(self, layers, family, artifact=None):
         self.layers, self.family, self.artifact = layers, family, artifact
@@ -56,7 +57,7 @@ class QuasiPredictor(Predictor):
     """Seed A: q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts of w_e * default_vector[e];
     layer p+1's router applied to q."""
 
-    name = "quasi"
+    name, parts = "quasi", ("default_vectors",)
 
     def quasi_state(self, state: LayerState) -> torch.Tensor:
         vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
@@ -72,7 +73,7 @@ class QuasiPredictor(Predictor):
 class EstimatorPredictor(QuasiPredictor):
     """Seed A's lightweight estimator: a small feed-forward net from q to layer p+1's logits."""
 
-    name = "estimator"
+    name, parts = "estimator", ("default_vectors", "estimator")
 
     def scores(self, state, h):
         w1, b1, w2, b2 = self.artifact.estimator(self.layers[state.pos].index)
@@ -83,7 +84,7 @@ class EstimatorPredictor(QuasiPredictor):
 class AdapterPredictor(Predictor):
     """Seed B: logits = (W_gate^{p+h} + B A) x_p, one low-rank adapter per (layer, horizon)."""
 
-    name, horizons = "adapter", (1, 2)
+    name, horizons, parts = "adapter", (1, 2), ("adapter",)
 
     def scores(self, state, h):
         target = state.pos + h
@@ -95,7 +96,7 @@ class AdapterPredictor(Predictor):
 class FrequencyPredictor(Predictor):
     """The floor: each layer's most used experts on calibration data, whatever the input."""
 
-    name, horizons = "frequency", (1, 2)
+    name, horizons, parts = "frequency", (1, 2), ("frequency",)
 
     def scores(self, state, h):
         counts = self.artifact.frequency(self.layers[state.pos + h].index)
@@ -122,7 +123,7 @@ class OraclePredictor(Predictor):
 class HybridPredictor(QuasiPredictor):
     """Seed A's Hybrid-PF: the estimator in high-drift layers, the quasi predictor elsewhere."""
 
-    name = "hybrid"
+    name, parts = "hybrid", ("default_vectors", "estimator")
 
     def __init__(self, layers, family, artifact, drift_layers):
         super().__init__(layers, family, artifact)

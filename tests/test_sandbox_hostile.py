@@ -1,0 +1,239 @@
+"""Hostile generated programs: each is contained, scored as a failure, and leaves the evaluator intact.
+
+The evaluations at the end mix hostile completions with correct ones and go through the same
+scorers the code tasks use (HumanEval's pass@k and the project's code task), run in threads.
+"""
+import os
+import resource
+import socket
+import time
+
+import pytest
+
+from evalsuite.scoring import answers
+from evalsuite.scoring import benchmarks as bm
+from evalsuite.scoring.sandbox import OUTPUT_LIMIT, SandboxLimits, run_python
+
+FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2)
+CONFINEMENT = run_python("pass", FAST).confinement
+OWN_UID = "own-uid" in CONFINEMENT
+needs_own_uid = pytest.mark.skipif(not OWN_UID, reason="not running as root: the sandbox cannot give the program "
+                                                       f"a uid of its own (applied: {CONFINEMENT})")
+
+
+def contained(source, limits=FAST, budget_s=None):
+    """Run `source`; it must fail, and within its wall-clock limit (plus process start-up)."""
+    start = time.perf_counter()
+    result = run_python(source, limits)
+    elapsed = time.perf_counter() - start
+    assert not result.passed, result
+    assert elapsed < (budget_s or limits.wall_seconds + 2.0)
+    return result
+
+
+def live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_plain_program_still_passes():
+    result = run_python("import math, hashlib, json, re, collections\nprint(math.factorial(5))", FAST)
+    assert result.passed and result.stdout == "120\n"
+
+
+def test_fork_bomb_is_refused():
+    result = contained("import os\nwhile True:\n    os.fork()\n", budget_s=3.0)
+    assert not result.timed_out and "Resource temporarily unavailable" in result.stderr
+
+
+@needs_own_uid
+def test_forked_processes_that_leave_the_group_are_killed():
+    # With room for a few processes, children start their own sessions (out of reach of the
+    # process-group kill) and sleep; every one of them must be gone when the run returns.
+    source = ("import os, sys, time\n"
+              "for _ in range(4):\n"
+              "    pid = os.fork()\n"
+              "    if pid == 0:\n"
+              "        os.setsid()\n"
+              "        time.sleep(60)\n"
+              "        os._exit(0)\n"
+              "    print(pid, flush=True)\n"
+              "while True:\n"
+              "    try:\n"
+              "        os.fork()\n"
+              "    except OSError:\n"
+              "        time.sleep(0.01)\n")
+    result = contained(source, SandboxLimits(wall_seconds=1.5, cpu_seconds=2, max_processes=8))
+    assert result.timed_out
+    children = [int(line) for line in result.stdout.split()]
+    assert len(children) == 4
+    assert not [pid for pid in children if live(pid)]
+
+
+def test_memory_bomb_fails_with_memory_error():
+    result = contained("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 1024 * 1024))\n", budget_s=4.0)
+    assert not result.timed_out and "MemoryError" in result.stderr
+
+
+def test_infinite_loop_is_killed_on_time():
+    result = contained("while True:\n    pass\n", SandboxLimits(wall_seconds=1.0, cpu_seconds=5))
+    assert result.timed_out
+
+
+def test_cpu_limit_stops_a_busy_program_before_the_wall_clock():
+    result = contained("while True:\n    pass\n", SandboxLimits(wall_seconds=10.0, cpu_seconds=1), budget_s=6.0)
+    assert not result.timed_out and result.returncode < 0  # SIGXCPU / SIGKILL from the kernel
+
+
+@needs_own_uid
+def test_files_outside_its_directory_are_out_of_reach(tmp_path):
+    canary = tmp_path / "canary.txt"
+    canary.write_text("precious")
+    outside = tmp_path / "planted.txt"
+    for attack in (f"import os\nos.remove({str(canary)!r})\n",
+                   f"open({str(canary)!r}, 'w').write('overwritten')\n",
+                   f"print(open({str(canary)!r}).read())\n",
+                   f"open({str(outside)!r}, 'w').write('planted')\n",
+                   f"import shutil\nshutil.rmtree({str(tmp_path)!r})\n",
+                   f"import os\nos.chmod({str(canary)!r}, 0o777)\n"):
+        result = contained(attack)
+        assert "precious" not in result.stdout
+    assert canary.read_text() == "precious" and oct(canary.stat().st_mode & 0o777) != "0o777"
+    assert not outside.exists()
+
+
+def test_files_it_writes_vanish_with_its_directory():
+    result = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.path.abspath('left.txt'))", FAST)
+    assert result.passed
+    assert not os.path.exists(result.stdout.strip())
+
+
+@pytest.mark.skipif("disk-quota" not in CONFINEMENT,
+                    reason=f"no mount namespace: the working directory has no size cap (applied: {CONFINEMENT})")
+def test_filling_the_disk_stops_at_the_quota():
+    source = "for i in range(1000):\n    open(f'f{i}', 'wb').write(b'x' * (1024 * 1024 - 1))\n"
+    result = contained(source, SandboxLimits(wall_seconds=5.0, cpu_seconds=4, disk_bytes=8 * 1024 * 1024))
+    assert "No space left on device" in result.stderr
+
+
+def test_no_connection_reaches_a_local_listener():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        for attack in (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n",
+                       f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                       f"s.sendto(b'hi', ('127.0.0.1', {port}))\n",
+                       "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:%d/' % " + str(port) +
+                       ", timeout=1)\n"):
+            contained(attack)
+        listener.settimeout(0.2)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+
+
+def test_parent_environment_is_invisible(monkeypatch):
+    monkeypatch.setenv("EVALSUITE_TEST_SECRET", "hunter2-do-not-leak")
+    # Passes only if the secret is found: through its own environment or its parent's /proc entry.
+    source = ("import os\n"
+              "found = 'hunter2' in str(os.environ)\n"
+              "try:\n"
+              "    found = found or b'hunter2' in open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
+              "except OSError as exc:\n"
+              "    print('refused:', exc)\n"
+              "print(sorted(os.environ))\n"
+              "assert found\n")
+    result = contained(source)
+    assert "hunter2" not in result.stdout + result.stderr
+    assert "EVALSUITE_TEST_SECRET" not in result.stdout
+
+
+def test_printing_gigabytes_is_cut_off():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for stream in ("stdout", "stderr"):
+        result = contained(f"import sys\nwhile True:\n    sys.{stream}.write('x' * (1 << 20))\n", budget_s=4.0)
+        assert len(result.stdout) <= OUTPUT_LIMIT and len(result.stderr) <= OUTPUT_LIMIT
+        assert not result.timed_out  # stopped by the file-size limit, long before the wall clock
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 64 * 1024
+
+
+@needs_own_uid
+def test_killing_its_parent_or_everyone_fails_and_the_evaluator_survives():
+    me = os.getpid()
+    for attack in ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+                   f"import os, signal\nos.kill({me}, signal.SIGKILL)\n",
+                   "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)\n",
+                   "import os, signal\nos.kill(-1, signal.SIGKILL)\nimport time\ntime.sleep(5)\n"):
+        contained(attack)
+    assert os.getpid() == me  # still here to check
+
+
+def test_changing_directory_does_not_move_the_evaluator():
+    before = os.getcwd()
+    contained("import os\nos.chdir('/')\nos.chdir('..')\nraise SystemExit(os.getcwd())\n")
+    assert os.getcwd() == before
+
+
+SQUARE_DOC = {
+    "prompt": "def square(x):\n    \"\"\"Return x squared.\"\"\"\n",
+    "test": "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(-2) == 4\n",
+    "entry_point": "square",
+}
+CORRECT = ["    return x * x\n", "    return x ** 2\n"]
+
+
+def hostile_bodies(canary: str, port: int) -> list[str]:
+    """Function bodies that attack instead of answering (indented: HumanEval's stop sequences keep them)."""
+    return [
+        "    import os\n    while True:\n        os.fork()\n",
+        "    chunks = []\n    while True:\n        chunks.append(bytearray(50 * 1024 * 1024))\n",
+        "    while True:\n        pass\n",
+        f"    import os\n    os.remove({canary!r})\n    return x * x\n",
+        f"    import socket\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n    return x * x\n",
+        "    import os\n    assert 'EVALSUITE_TEST_SECRET' in os.environ\n    return x * x\n",
+        "    import sys\n    while True:\n        sys.stdout.write('x' * (1 << 20))\n",
+        "    import os\n    os.chdir('/')\n    return x + x\n",
+    ] + (["    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n    return x * x\n"] if OWN_UID else [])
+
+
+def test_evaluation_mixing_hostile_and_correct_samples(tmp_path, monkeypatch):
+    monkeypatch.setattr(bm, "HUMANEVAL_LIMITS", SandboxLimits(wall_seconds=2.0, cpu_seconds=2))
+    monkeypatch.setenv("EVALSUITE_TEST_SECRET", "hunter2")
+    canary = tmp_path / "canary.txt"
+    canary.write_text("precious")
+    cwd = os.getcwd()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        hostile = hostile_bodies(str(canary), listener.getsockname()[1])
+        samples = CORRECT + hostile + CORRECT
+        start = time.perf_counter()
+        scores = bm.score_humaneval(SQUARE_DOC, [samples])
+        elapsed = time.perf_counter() - start
+        listener.settimeout(0.1)
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    passed = bm.run_completions(SQUARE_DOC, samples, SandboxLimits(wall_seconds=2.0, cpu_seconds=2))
+    assert passed == [True] * 2 + [False] * len(hostile) + [True] * 2
+    assert scores["pass_at_1"] == pytest.approx(4 / len(samples))
+    assert scores["pass_at_5"] == pytest.approx(bm.pass_at_k(len(samples), 4, 5))
+    assert elapsed < 20
+    if OWN_UID:
+        assert canary.read_text() == "precious"
+    assert os.getcwd() == cwd
+
+
+def test_code_task_scorer_with_hostile_completions():
+    good = {"pass_at_1": 1.0}
+    bad = {"pass_at_1": 0.0}
+    completions = ["    return x * x\n", "    import os\n    while True:\n        os.fork()\n",
+                   "    import sys\n    sys.stderr.write('e' * (1 << 30))\n", "    return x ** 2\n"]
+    limits = SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
+    verdicts = [answers.code_passes(SQUARE_DOC, c, limits) for c in completions]
+    assert verdicts == [True, False, False, True]
+    assert answers.score_code(SQUARE_DOC, [completions[0]]) == good
+    assert answers.score_code(SQUARE_DOC, [completions[1]]) == bad
