@@ -1,0 +1,1 @@
+"""Tiny trained MoE models: synthetic skill generators, a character tokenizer, configs and training."""

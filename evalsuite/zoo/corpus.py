@@ -1,0 +1,66 @@
+"""Corpus assembly: training items and held-out evaluation items for the four skills.
+
+Held-out items come from a fixed seed that training never uses, and training
+items whose prompt equals a held-out prompt are dropped, so no evaluation item
+is ever seen during training.
+"""
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from evalsuite.zoo import gen_arith, gen_boxed, gen_code, gen_yesno
+
+SKILLS: dict[str, Callable[[random.Random], dict]] = {
+    "arith": gen_arith.generate,
+    "yesno": gen_yesno.generate,
+    "code": gen_code.generate,
+    "boxed": gen_boxed.generate,
+}
+# Relative share of each skill in the training corpus. Short answers (yes/no) carry
+# few loss tokens per item, so they get more items; code is learnt quickly.
+SKILL_WEIGHTS = {"arith": 1.5, "yesno": 2.0, "code": 0.5, "boxed": 1.25}
+HELDOUT_SEED = 20_240_917
+HELDOUT_SIZE = 150
+
+
+def _skill_rng(seed: int, skill: str) -> random.Random:
+    # One independent stream per (seed, skill) so adding a skill never shifts another.
+    return random.Random(f"{seed}:{skill}")
+
+
+def heldout_items(skill: str, size: int = HELDOUT_SIZE) -> list[dict]:
+    """`size` distinct evaluation items for `skill`, identical on every call."""
+    rng = _skill_rng(HELDOUT_SEED, skill)
+    items, seen = [], set()
+    while len(items) < size:
+        item = SKILLS[skill](rng)
+        if item["prompt"] not in seen:
+            seen.add(item["prompt"])
+            items.append(dict(item, id=f"{skill}-{len(items)}"))
+    return items
+
+
+def heldout_prompts() -> set[str]:
+    return {item["prompt"] for skill in SKILLS for item in heldout_items(skill)}
+
+
+def training_items(skill: str, seed: int, size: int, exclude: set[str] | None = None) -> list[dict]:
+    """`size` training items for `skill` from `seed`, skipping any prompt in `exclude`."""
+    exclude = heldout_prompts() if exclude is None else exclude
+    rng = _skill_rng(seed, skill)
+    items = []
+    while len(items) < size:
+        item = SKILLS[skill](rng)
+        if item["prompt"] not in exclude:
+            items.append(item)
+    return items
+
+
+def training_corpus(seed: int, size_per_skill: int) -> list[dict]:
+    """All skills' training items (size_per_skill scaled by SKILL_WEIGHTS), shuffled together deterministically."""
+    exclude = heldout_prompts()
+    corpus = [item for skill in SKILLS
+              for item in training_items(skill, seed, round(size_per_skill * SKILL_WEIGHTS[skill]), exclude)]
+    random.Random(seed).shuffle(corpus)
+    return corpus

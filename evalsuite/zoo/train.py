@@ -1,0 +1,182 @@
+"""Train the tiny MoE models on the generated corpus.
+
+    python -m evalsuite.zoo.train --model all --out models --seed 0 --minutes 40
+
+Batches are a pure function of (seed, step), so a run resumed from its
+checkpoint (--resume) sees exactly the data it would have seen uninterrupted.
+The learning-rate schedule follows whichever runs out first, the step budget or
+the wall-clock budget, so a slow machine still ends on a decayed learning rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from evalsuite.zoo.balance import RouterRecorder, sigmoid_balance_loss
+from evalsuite.zoo.configs import BALANCE_LOSS_COEF, CONFIG_BUILDERS, MODEL_NAMES
+from evalsuite.zoo.corpus import SKILLS, heldout_prompts, training_corpus, training_items
+from evalsuite.zoo.tokenizer import build_tokenizer
+
+ROW_LEN = 256
+IGNORE = -100
+
+
+def encode(tokenizer, item: dict) -> tuple[list[int], list[int]]:
+    """Token ids and labels; only the completion and the end-of-sequence token carry loss."""
+    prompt = tokenizer(item["prompt"], add_special_tokens=False)["input_ids"]
+    completion = tokenizer(item["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return prompt + completion, [IGNORE] * len(prompt) + completion
+
+
+def make_batch(encoded: list, seed: int, step: int, rows: int, pad_id: int):
+    """Pack randomly drawn examples into `rows` rows of ROW_LEN tokens; deterministic in (seed, step)."""
+    rng = random.Random(f"{seed}:batch:{step}")
+    ids = torch.full((rows, ROW_LEN), pad_id, dtype=torch.long)
+    labels = torch.full((rows, ROW_LEN), IGNORE, dtype=torch.long)
+    mask = torch.zeros((rows, ROW_LEN), dtype=torch.long)
+    for row in range(rows):
+        pos = 0
+        while True:
+            x, y = encoded[rng.randrange(len(encoded))]
+            if pos + len(x) > ROW_LEN:
+                break
+            ids[row, pos:pos + len(x)] = torch.tensor(x)
+            labels[row, pos:pos + len(x)] = torch.tensor(y)
+            mask[row, pos:pos + len(x)] = 1
+            pos += len(x)
+    return ids, labels, mask
+
+
+def learning_rate(progress: float, peak: float, warmup: float = 0.03) -> float:
+    if progress < warmup:
+        return peak * progress / warmup
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / (1 - warmup)))))
+
+
+@torch.no_grad()
+def validation_accuracy(model, tokenizer, seed: int, per_skill: int = 25) -> dict[str, float]:
+    """Greedy exact-match of the whole completion on fresh non-held-out items (a progress signal only)."""
+    model.eval()
+    exclude = heldout_prompts()
+    scores = {}
+    for skill in SKILLS:
+        items = training_items(skill, seed + 1_000_003, per_skill, exclude)
+        hits = 0
+        for item in items:
+            ids = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
+            out = model.generate(ids, max_new_tokens=len(item["completion"]) + 8, do_sample=False)
+            text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            hits += text.strip() == item["completion"].strip()
+        scores[skill] = hits / len(items)
+    model.train()
+    return scores
+
+
+def train_one(kind: str, args) -> None:
+    name = MODEL_NAMES[kind]
+    torch.manual_seed(args.seed)
+    tokenizer = build_tokenizer()
+    config = CONFIG_BUILDERS[kind](len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation="grouped_mm")
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    recorder = RouterRecorder(model) if kind == "glm" else None
+
+    ckpt_path = Path(args.checkpoints) / name / "last.pt"
+    step, elapsed = 0, 0.0
+    if args.resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, elapsed = state["step"], state["elapsed"]
+        torch.set_rng_state(state["torch_rng"])
+        print(f"[{name}] resumed at step {step} ({elapsed / 60:.1f} min)")
+
+    print(f"[{name}] {sum(p.numel() for p in model.parameters()):,} parameters; building corpus")
+    encoded = [encode(tokenizer, item) for item in training_corpus(args.seed, args.items_per_skill)]
+    budget = args.minutes * 60
+    started, last_save = time.time() - elapsed, time.time()
+    bar = tqdm(total=args.steps, initial=step, desc=name, mininterval=5)
+    progress = max(step / args.steps, elapsed / budget)
+    last_loss = float("nan")  # stays NaN when resuming an already finished run
+    while progress < 1.0:
+        lr = learning_rate(progress, args.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        ids, labels, mask = make_batch(encoded, args.seed, step, args.batch, tokenizer.pad_token_id)
+        if kind == "qwen":  # Qwen3-MoE adds router_aux_loss_coef * its load-balancing loss itself
+            out = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
+            loss, balance = out.loss, out.aux_loss
+        else:
+            recorder.clear()
+            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            balance = sigmoid_balance_loss(recorder.logits, mask, config.num_experts_per_tok)
+            loss = out.loss + BALANCE_LOSS_COEF * balance
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        last_loss = loss.item()
+        elapsed = time.time() - started
+        progress = max(step / args.steps, elapsed / budget)
+        bar.update(1)
+        bar.set_postfix(loss=f"{last_loss:.3f}", bal=f"{balance.item():.3f}", lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
+        if time.time() - last_save > args.save_every_min * 60 or progress >= 1.0:
+            ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "elapsed": elapsed, "torch_rng": torch.get_rng_state()}, ckpt_path)
+            last_save = time.time()
+    bar.close()
+    if recorder is not None:
+        recorder.remove()
+
+    out_dir = Path(args.out) / name
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    val = validation_accuracy(model, tokenizer, args.seed) if args.validate else {}
+    summary = {"seed": args.seed, "steps": step, "minutes": round(elapsed / 60, 2), "batch_rows": args.batch,
+               "row_len": ROW_LEN, "peak_lr": args.lr, "final_loss": round(last_loss, 4),
+               "validation_exact_match": val}
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"[{name}] saved to {out_dir}: {summary}")
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(prog="train-tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["qwen", "glm", "all"], default="all")
+    parser.add_argument("--out", default="models", help="models are written to OUT/<name>/")
+    parser.add_argument("--checkpoints", default="checkpoints", help="resumable state (git-ignored)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget per model")
+    parser.add_argument("--batch", type=int, default=16, help="rows of %d tokens per step" % ROW_LEN)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--items-per-skill", type=int, default=40_000)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--save-every-min", type=float, default=3.0)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--no-validate", dest="validate", action="store_false")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    for kind in (["qwen", "glm"] if args.model == "all" else [args.model]):
+        train_one(kind, args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""The lm-eval task YAMLs resolve their hooks from any working directory and serve the held-out items."""
+from pathlib import Path
+
+from evalsuite.zoo.corpus import HELDOUT_SIZE, heldout_items
+
+TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+
+
+def test_tasks_load_with_include_path(tmp_path, monkeypatch):
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.chdir(tmp_path)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    loaded = manager.load(["evalsuite_tiny"])
+    assert "evalsuite_tiny" in loaded["groups"]
+    names = {task.config.task: task for task in loaded["tasks"].values()}
+    assert set(names) == {"evalsuite_arith", "evalsuite_yesno", "evalsuite_code", "evalsuite_boxed"}
+    code = names["evalsuite_code"]
+    docs = list(code.test_docs())
+    assert len(docs) == HELDOUT_SIZE
+    assert code.doc_to_text(docs[0]) == heldout_items("code")[0]["prompt"]
+    reference = docs[0]["completion"]
+    assert code.process_results(docs[0], [reference]) == {"pass_at_1": 1.0}
+    assert code.process_results(docs[0], ["    return None\n"]) == {"pass_at_1": 0.0}
