@@ -5,13 +5,27 @@ VENV   ?= .venv
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE = 1
+export HF_DATASETS_OFFLINE = 1
 
-MODEL  ?= tiny:qwen3_moe
-MODES  ?= resident,on-demand
-CACHE  ?= 0.5
-LINK   ?= pcie4
+# make eval MODEL=dir[,dir] MODE=m[,m] PREDICTOR=p TASKS=t[,t] LIMIT=n DATA_DIR=dir CACHE=f LINK=l DB=url
+MODEL     ?=
+MODE      ?= resident,on-demand,router-preserving,speculative
+PREDICTOR ?= gate
+TASKS     ?=
+LIMIT     ?= 10
+CACHE     ?= 0.25
+LINK      ?= ufs4
+DATA_DIR  ?= $(wildcard ../shared/data)
+DB        ?=
+EVAL_ARGS = $(if $(MODEL),--model $(MODEL)) --modes $(MODE) --predictor $(PREDICTOR) $(if $(TASKS),--tasks $(TASKS)) \
+	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
+	$(if $(DB),--db $(DB)) --confirm-run-unsafe-code
 
-.PHONY: eval test bench clean
+GATE_DB  = sqlite:///results/gate.db
+GATE_LIMIT ?= 20
+
+.PHONY: eval test gate report bench tiny-models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +35,29 @@ $(STAMP): pyproject.toml
 	touch $@
 
 eval: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/evalsuite generate --model $(MODEL) --modes $(MODES) \
-		--cache-capacity $(CACHE) --link $(LINK)
+	$(BIN)/evalsuite eval $(EVAL_ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The project's own gates (gates.yaml) on fresh runs of the shipped tiny models.
+gate: $(STAMP)
+	rm -f results/gate.db
+	$(BIN)/evalsuite eval --modes resident,on-demand,router-preserving,speculative --predictor gate \
+		--tasks evalsuite_arith,evalsuite_yesno --limit $(GATE_LIMIT) --cache-capacity 0.25 --link ufs4 \
+		--db $(GATE_DB) --out results/gate
+	$(BIN)/evalsuite gate --config gates.yaml --db $(GATE_DB)
+
+report: $(STAMP)
+	$(BIN)/evalsuite report $(if $(DB),--db $(DB)) --out results/report
+
 bench: $(STAMP)
 	$(BIN)/python bench/transfer_overlap.py
+
+# Both shipped models from seed 0, in parallel (one thread each); --resume continues a cut-off run.
+tiny-models: $(STAMP)
+	$(BIN)/evalsuite train-tiny --model qwen --out models --seed 0 --minutes 40 --resume & \
+	$(BIN)/evalsuite train-tiny --model glm --out models --seed 0 --minutes 40 --resume & wait
 
 clean:
 	rm -rf $(VENV) *.egg-info
