@@ -131,6 +131,16 @@ def test_groups_keep_code_execution_out_of_benchmarks_es(manager, loaded):
     assert set(safe_group["tasks"]) == set(SAFE_TASKS)
 
 
+def test_evalsuite_all_runs_the_project_tasks_and_every_benchmark(manager):
+    with pytest.MonkeyPatch.context() as patch:
+        offline_env(patch, DATA_DIR)
+        everything = manager.load(["evalsuite_all"])
+    project = {"evalsuite_arith", "evalsuite_yesno", "evalsuite_code", "evalsuite_boxed"}
+    assert set(everything["tasks"]) == set(SAFE_TASKS) | {"humaneval_es"} | project
+    unsafe = {name for name, task in everything["tasks"].items() if getattr(task, "UNSAFE_CODE", False)}
+    assert unsafe == {"humaneval_es", "evalsuite_code"}  # both need --confirm_run_unsafe_code
+
+
 def test_strategyqa_choices_map_the_label_to_the_right_answer(loaded):
     task = loaded["tasks"]["strategyqa_es_mc"]
     labels = [row["answer"] for row in rows_in("strategyqa/dev.jsonl")]
