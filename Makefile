@@ -42,7 +42,7 @@ test: $(STAMP)
 
 # The project's own gates (gates.yaml) on fresh runs of the shipped tiny models.
 gate: $(STAMP)
-	rm -f results/gate.db
+	mkdir -p results && rm -f results/gate.db
 	$(BIN)/evalsuite eval --modes resident,on-demand,router-preserving,speculative --predictor gate \
 		--tasks evalsuite_arith,evalsuite_yesno --limit $(GATE_LIMIT) --cache-capacity 0.25 --link ufs4 \
 		--db $(GATE_DB) --out results/gate

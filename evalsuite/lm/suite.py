@@ -104,8 +104,9 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
             # a local directory is known by its name, so gates and reports work from any checkout
             config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
-                      "predictor_artifact": predictor_path, "cache_capacity": str(cache_capacity),
-                      "cache_policy": "lru", "link": link if mode != "resident" else None, "limit": limit,
+                      "predictor_artifact": predictor_path,
+                      "cache_capacity": str(cache_capacity) if mode != "resident" else None,
+                      "cache_policy": "lru" if mode != "resident" else None, "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
                       "git_commit": git_commit(), "evalsuite_version": __version__}
