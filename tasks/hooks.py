@@ -1,8 +1,8 @@
-"""lm-eval `!function` hooks for the benchmark tasks (gsm8k_es, humaneval_es, strategyqa_es_*, aime*_es).
+"""lm-eval `!function` hooks for every task in this folder (the project's own and the benchmarks).
 
-lm-eval imports this file by path (relative to the YAML files), so it puts the
-repository root on sys.path itself; that makes `--include_path tasks` work from
-any working directory without installing the package.
+lm-eval imports this file by path (relative to the YAML files), so it puts the repository
+root on sys.path itself; that makes `--include_path tasks` work from any working directory
+without installing the package.
 """
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_yesno  # noqa: E402,F401
 from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
     boxed_integer_filter, gsm8k_flexible_filter, gsm8k_strict_filter, keep_all_generations,
     score_aime, score_gsm8k, score_humaneval, score_yes_no, yes_no_filter,
@@ -18,6 +19,7 @@ from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
 from evalsuite.scoring.datasets import (  # noqa: E402,F401
     load_aime24, load_aime25, load_aime_1983_2024, load_gsm8k, load_humaneval, load_strategyqa,
 )
+from evalsuite.scoring.heldout import load_arith, load_boxed, load_code, load_yesno  # noqa: E402,F401
 
 
 def strategyqa_cot_target(doc: dict) -> str:
