@@ -24,6 +24,8 @@ SPECULATIVE = ("speculative", "hybrid")
 
 
 class PredictionDriver:
+    """Hooks on every sparse layer: score the last prediction, speculate, predict, prefetch."""
+
     def __init__(self, engine, predictor, mode: str, horizon: int, recall_ks, preserve_layers, scheduler):
         self.engine, self.predictor, self.mode, self.horizon = engine, predictor, mode, horizon
         self.recall_ks, self.scheduler = tuple(recall_ks), scheduler
