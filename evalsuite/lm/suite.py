@@ -48,6 +48,8 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
         ref = {s["doc_id"]: s for s in reference.get("samples", {}).get(task, [])}
         rows = []
         for s in samples:
+            if not isinstance(s["resps"][0][0], str):
+                continue  # a loglikelihood request generates nothing to compare
             if s["doc_id"] in ref:
                 a = tokenizer(str(s["resps"][0][0]))["input_ids"]
                 b = tokenizer(str(ref[s["doc_id"]]["resps"][0][0]))["input_ids"]
