@@ -12,7 +12,8 @@ import copy
 import torch
 
 import evalsuite
-from evalsuite.generate import divergence_from, load_model
+from evalsuite.generate import load_model
+from evalsuite.metrics import token_divergence
 from evalsuite.predict.calibrate import calibrate, calibration_texts, token_batches
 from evalsuite.zoo.corpus import SKILLS, heldout_items
 
@@ -55,7 +56,8 @@ def main() -> None:
                                link=args.link) as engine, torch.no_grad():
             outputs = [run.generate(i, max_new_tokens=args.tokens, do_sample=False) for i in inputs]
             s = engine.stats()
-        same = [divergence_from(o, r, i.shape[1])["identical_share"] for o, r, i in zip(outputs, reference, inputs)]
+        same = [token_divergence(o[0, i.shape[1]:].tolist(), r[0, i.shape[1]:].tolist())["identical_share"]
+                for o, r, i in zip(outputs, reference, inputs)]
         recall = (s["recall"] or {}).get(engine.layers[0].top_k, {"layers": {}, "mean": None})
         layers = layers or sorted(recall["layers"])
         rows.append((mode, predictor or "-", recall, s, sum(same) / len(same)))

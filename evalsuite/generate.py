@@ -11,6 +11,7 @@ import torch
 from tqdm import tqdm
 
 from .engine import offload
+from .metrics import token_divergence
 
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
@@ -61,22 +62,13 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
                                     pad_token_id=0) for ids, mask in inputs]
             stats = engine.stats()
         same = None if reference is None else all(torch.equal(a, b) for a, b in zip(outputs, reference))
-        divergence = None if reference is None else [divergence_from(o, r, i.shape[1])
-                                                      for o, r, (i, _) in zip(outputs, reference, inputs)]
+        divergence = None if reference is None else [
+            token_divergence(o[0, i.shape[1]:].tolist(), r[0, i.shape[1]:].tolist())
+            for o, r, (i, _) in zip(outputs, reference, inputs)]
         reference = outputs if mode == "resident" else reference
         rows.append({"mode": mode, "same_as_resident": same, "divergence": divergence, **stats,
                      "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})
     return rows
-
-
-def divergence_from(output: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> dict:
-    """First generated position where greedy tokens differ (None if never) and the share of
-    generated positions whose tokens are identical."""
-    a, b = output[0, prompt_len:].tolist(), reference[0, prompt_len:].tolist()
-    n = max(len(a), len(b))
-    same = [i < len(a) and i < len(b) and a[i] == b[i] for i in range(n)]
-    first = next((i for i, s in enumerate(same) if not s), None)
-    return {"first_divergence": first, "identical_share": sum(same) / n if n else 1.0}
 
 
 def format_table(rows) -> str:

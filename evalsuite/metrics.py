@@ -11,6 +11,9 @@ prefetch precision  prefetched experts later used while resident / prefetches; a
                expert evicted before any use is a wasted transfer.
 recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
                averaged within a sample, then across samples (SpecPrefetch); see modes.py.
+divergence     per sample, against the resident run's greedy generation: the first generated
+               position whose token differs (None if none) and the share of positions with
+               identical tokens (over the longer of the two generations).
 hit rate       hits / uses.
 stall          wall time the compute waited for expert transfers to land.
 TTFT           time to first token: wall time of a request's first forward pass (the prefill).
@@ -128,3 +131,11 @@ def summarise(values) -> dict:
     if not values:
         return {"mean": None, "median": None, "n": 0}
     return {"mean": statistics.fmean(values), "median": statistics.median(values), "n": len(values)}
+
+
+def token_divergence(generated: list[int], reference: list[int]) -> dict:
+    """First differing generated position (None if none) and the share of identical positions."""
+    n = max(len(generated), len(reference))
+    same = [i < len(generated) and i < len(reference) and generated[i] == reference[i] for i in range(n)]
+    first = next((i for i, s in enumerate(same) if not s), None)
+    return {"first_divergence": first, "identical_share": sum(same) / n if n else 1.0}

@@ -125,3 +125,11 @@ def test_oracle_prefetches_are_all_used_with_room_for_them():
     assert stats["prefetches"] > 0 and stats["prefetch_precision"] == 1.0 and stats["prefetch_wasted"] == 0
     assert stats["bytes_transferred"] == (stats["misses"] + stats["prefetches"]) * stats["expert_bytes"]
     assert stats["hits"] + stats["misses"] == stats["expert_uses"]
+
+
+def test_token_divergence_definition():
+    from evalsuite.metrics import token_divergence
+
+    assert token_divergence([1, 2, 3], [1, 2, 3]) == {"first_divergence": None, "identical_share": 1.0}
+    assert token_divergence([1, 5, 3], [1, 2, 3]) == {"first_divergence": 1, "identical_share": 2 / 3}
+    assert token_divergence([1, 2], [1, 2, 3, 4]) == {"first_divergence": 2, "identical_share": 0.5}

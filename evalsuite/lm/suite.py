@@ -11,7 +11,7 @@ import os
 import time
 
 from .. import __version__
-from ..generate import divergence_from
+from ..metrics import token_divergence
 from ..results.provenance import git_commit
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
@@ -53,7 +53,7 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
             if s["doc_id"] in ref:
                 a = tokenizer(str(s["resps"][0][0]))["input_ids"]
                 b = tokenizer(str(ref[s["doc_id"]]["resps"][0][0]))["input_ids"]
-                row = divergence_from(_row(a), _row(b), 0)
+                row = token_divergence(a, b)
                 s.update(row)
                 rows.append(row)
         if rows:
@@ -61,12 +61,6 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
             out[task] = {"identical_share": sum(r["identical_share"] for r in rows) / len(rows),
                          "samples_changed": len(firsts), "samples": len(rows)}
     return out
-
-
-def _row(ids):
-    import torch
-
-    return torch.tensor([ids])
 
 
 def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
