@@ -6,6 +6,7 @@ of the same model sample by sample: first differing generated token, share of id
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -15,6 +16,7 @@ from ..metrics import token_divergence
 from ..results.provenance import git_commit
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
+SEED = 0  # lm-eval's random seed (few-shot sampling, sampled generation)
 TASKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
 
 
@@ -100,7 +102,7 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
             # a local directory is known by its name, so gates and reports work from any checkout
             config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
-                      "predictor_artifact": predictor_path,
+                      "predictor_artifact": file_hash(predictor_path), "seed": SEED,
                       "cache_capacity": str(cache_capacity) if mode != "resident" else None,
                       "cache_policy": "lru" if mode != "resident" else None, "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
@@ -120,7 +122,7 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                     progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
                     started = time.time()
                     results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True,
-                                                      task_manager=manager,
+                                                      task_manager=manager, random_seed=SEED,
                                                       confirm_run_unsafe_code=confirm_run_unsafe_code)
                     if mode == "resident":
                         reference[task] = results
@@ -138,6 +140,14 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                 db.finish_run(run_id, status)
                 lm.engine.close()
     return rows
+
+
+def file_hash(path: str | None) -> str | None:
+    """A short content hash, so a run records which calibration artifact it used."""
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def open_run(db, config: dict, fresh: bool, progress) -> tuple[int, set[str]]:
