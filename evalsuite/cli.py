@@ -35,10 +35,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_generate(args) -> int:
-    from .generate import compare_modes, format_table, load_model
+    from .generate import DEMO_PROMPTS, compare_modes, format_table, load_model
 
     model, tokenizer = load_model(args.model, args.dtype, args.device)
-    rows = compare_modes(model, tokenizer, args.modes.split(","), prompts=args.prompt or _default_prompts(),
+    rows = compare_modes(model, tokenizer, args.modes.split(","), prompts=args.prompt or DEMO_PROMPTS,
                          max_new_tokens=args.max_new_tokens, cache_capacity=args.cache_capacity,
                          cache_policy=args.cache_policy, cache_pools=args.cache_pools, link=args.link,
                          store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
@@ -51,12 +51,6 @@ def cmd_generate(args) -> int:
     if broken:
         print(f"evalsuite: error: {', '.join(broken)} changed the output", file=sys.stderr)
     return 1 if broken else 0
-
-
-def _default_prompts():
-    from .generate import DEMO_PROMPTS
-
-    return DEMO_PROMPTS
 
 
 def cmd_calibrate(args) -> int:

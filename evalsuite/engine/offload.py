@@ -26,6 +26,7 @@ from .transfer import TransferEngine, TransferError, parse_link
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
 PREDICTING = ("router-preserving", "speculative", "hybrid")
 STORES = ("host", "disk")
+POOLS = ("global", "per-layer")
 IMPLEMENTATION = "evalsuite"
 
 
@@ -74,7 +75,7 @@ class Engine:
                  drift_layers=None, drift_threshold=0.6, preserve_layers=()):
         _check_choice("mode", mode, MODES)
         _check_choice("store", store, STORES)
-        _check_choice("cache_pools", cache_pools, ("global", "per-layer"))
+        _check_choice("cache_pools", cache_pools, POOLS)
         _check_choice("cache_policy", cache_policy, POLICIES)
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")

@@ -12,6 +12,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..engine import MODES, offload
+from ..engine.offload import POOLS, STORES
 from ..engine.cache import POLICIES
 from ..metrics import EngineRecord
 from ..predict import PREDICTOR_NAMES, fingerprint
@@ -19,7 +20,7 @@ from ..predict import PREDICTOR_NAMES, fingerprint
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s")
 CHOICES = {"mode": MODES, "predictor": PREDICTOR_NAMES, "cache_policy": POLICIES,
-           "cache_pools": ("global", "per-layer"), "store": ("host", "disk")}
+           "cache_pools": POOLS, "store": STORES}
 
 
 def check_engine_args(args: dict) -> None:
