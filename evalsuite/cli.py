@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .results.cli import add_commands
 
     add_commands(sub)  # runs, report, compare, gate
+    from .perf.cli import add_commands as add_perf_commands
+
+    add_perf_commands(sub)  # bench, simulate
 
     t = sub.add_parser("train-tiny", help="train the shipped tiny MoE models", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)

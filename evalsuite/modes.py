@@ -32,6 +32,7 @@ class PredictionDriver:
         self.preserve = set(preserve_layers)
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
+        self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
         self.current: dict = {}  # (k, layer) -> (sum per row, tokens per row) for the running request
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
@@ -60,6 +61,7 @@ class PredictionDriver:
             return None
         if pos == 0:
             self.pending.clear()
+            self.deferred = None
         if self.scheduler is not None:
             self.scheduler.layer_started(pos)
         predicted = self.pending.pop(pos, None)
@@ -76,9 +78,21 @@ class PredictionDriver:
             with torch.no_grad():
                 scores = self.predictor.scores(state, self.horizon)
             self.pending[target] = scores
+            if engine.tracer is not None:
+                ranked = torch.softmax(scores.float(), dim=-1).sum(dim=0).argsort(descending=True)
+                engine.tracer.predicted(engine.layers[target].index, ranked[: engine.budget].tolist())
             if self.scheduler is not None and engine.cache is not None:
-                self.scheduler.schedule(target, scores, self.horizon)
+                # submitted once this layer's own demand loads are queued (release_prefetch):
+                # a prefetch already on the link would delay them
+                self.deferred = (target, scores)
         return replaced
+
+    def release_prefetch(self) -> None:
+        """Start the prefetches of the last prediction (the engine calls this after demand loads)."""
+        if self.deferred is not None:
+            target, scores = self.deferred
+            self.deferred = None
+            self.scheduler.schedule(target, scores, self.horizon)
 
     def _record_recall(self, pos, predicted, native_ids):
         K = native_ids.shape[1]

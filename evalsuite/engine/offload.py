@@ -61,6 +61,8 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     recall_k        k values for recall@k (default [top-k]).
     drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.modes.
     transfer_timeout_s  a transfer not done by then raises instead of hanging.
+    trace           record the routing of batch-1 decode steps (native, executed and predicted
+                    experts per sparse layer; see evalsuite.perf.trace): `routing_trace()`.
     Bad options raise ValueError before the model is touched.
     """
     return Engine(model, mode=mode, **options)
@@ -72,7 +74,7 @@ class Engine:
     def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
                  link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
                  predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
-                 drift_layers=None, drift_threshold=0.6, preserve_layers=()):
+                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False):
         _check_choice("mode", mode, MODES)
         _check_choice("store", store, STORES)
         _check_choice("cache_pools", cache_pools, POOLS)
@@ -101,6 +103,9 @@ class Engine:
             self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers, drift_threshold)
         if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
+        self.budget, self.tracer, self._hooks = budget, None, []
+        if trace:  # its router hooks go first, so they see the native routing
+            self._start_trace()
         if predictor is not None:
             scheduler = PrefetchScheduler(self, budget, window) if mode in PREDICTING else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
@@ -109,8 +114,8 @@ class Engine:
         for layer in self.layers:
             layer.experts._evalsuite = (self, layer.index)
         model.set_experts_implementation(IMPLEMENTATION)
-        self._hooks = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
-                       model.register_forward_hook(self._after_forward)]
+        self._hooks += [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                        model.register_forward_hook(self._after_forward)]
         model._evalsuite_engine = self
 
     # ---- construction -------------------------------------------------------------------
@@ -151,10 +156,36 @@ class Engine:
                                  self.layout.dtype, self.device, cache_policy, per_layer)
         self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
 
+    def _start_trace(self) -> None:
+        from ..perf.trace import TraceRecorder
+
+        meta = {"mode": self.mode, "model": self.model.config._name_or_path, "family": self.family.__name__,
+                "expert_bytes": self.layout.nbytes, "budget": self.budget}
+        layer = self.layers[0]
+        self.tracer = TraceRecorder([l.index for l in self.layers], layer.num_experts, layer.top_k, meta)
+        for l in self.layers:
+            self._hooks.append(l.router.register_forward_hook(self._native_hook(l.index)))
+
+    def _native_hook(self, layer: int):
+        def hook(module, args, output):
+            if not self.shadow:
+                self.tracer.native(layer, output[2].flatten().tolist())
+        return hook
+
+    def routing_trace(self):
+        """The RoutingTrace recorded so far (offload(..., trace=True))."""
+        if self.tracer is None:
+            raise ValueError("this engine records no trace: offload(..., trace=True)")
+        if self.predictor is not None:
+            self.tracer.trace.meta["predictor"] = self.predictor.name
+        return self.tracer.result()
+
     # ---- the hot path ---------------------------------------------------------------------
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
         counters = self.record.counters[layer]
+        if self.tracer is not None and not self.shadow:
+            self.tracer.executed(layer, needed)
         if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
@@ -174,6 +205,8 @@ class Engine:
                     key = waiting.popleft()
                     self._acquire(key, protect, counters)
                     held.append(key)
+                if self.driver is not None:  # this layer's demand loads are queued: prefetch behind them
+                    self.driver.release_prefetch()
                 if not held:
                     raise RuntimeError(f"layer {layer}: no cache slot can be freed for {waiting[0]}")
                 key = held[0]  # stays held (and pinned) until computed, even if the wait raises
@@ -255,9 +288,9 @@ class Engine:
         if not self.decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            rows = ids.shape[0] if ids is not None else 1
-            self.record.requests.append(RequestTiming(time.perf_counter(), rows))
+            self.record.requests.append(RequestTiming(time.perf_counter(), _rows(args, kwargs)))
+        if self.tracer is not None:
+            self.tracer.forward_started(self.decoding, _rows(args, kwargs))
         if self.predictor is not None and self.predictor.name == "oracle":
             self._shadow_pass(module, args, kwargs, cache_arg, cache)
 
@@ -339,6 +372,13 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _rows(args, kwargs) -> int:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    return ids.shape[0] if ids is not None else 1
 
 
 def _check_choice(name: str, value, choices) -> None:

@@ -1,0 +1,1 @@
+"""Speed: routing traces, model shapes, hardware profiles, the TPOT simulator and the benchmark."""

@@ -1,0 +1,261 @@
+"""`evalsuite bench`: decode TPOT and TTFT of every execution mode, against the overlap bound.
+
+For each model, link profile and cache capacity, every case (resident, on-demand,
+router-preserving with each predictor, speculative, hybrid, oracle prefetch) decodes the same
+prompt greedily, batch 1. Cases are interleaved and repeated, and medians reported, because
+these machines are noisy; every ratio compares numbers measured in the same run.
+
+Also measured, once per model: this machine's per-token costs (dense part of a sparse layer,
+one routed expert, the rest of a step) from a resident engine run with layer clocks; each
+predictor's cost (resident with the predictor minus resident); and the engine overhead
+(resident engine vs the unmodified model, tokens/s). With those and the measured link time
+per expert, the overlap bound and the simulator's TPOT of each case are computed from the
+case's own routing trace, so the simulator is validated against the measurement.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..arch import sparse_layers
+from ..engine import offload
+from .simulate import Costs, gap_closed, overlap_bound, simulate
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    mode: str
+    predictor: str | None = None
+
+    @property
+    def sim_mode(self) -> str:
+        return "oracle" if self.predictor == "oracle" and self.mode == "router-preserving" else self.mode
+
+
+def cases(predictors, hybrid: bool) -> list[Case]:
+    out = [Case("resident", "resident"), Case("on-demand", "on-demand")]
+    out += [Case(f"router-preserving/{p}", "router-preserving", p) for p in predictors if p != "oracle"]
+    out += [Case(f"speculative/{p}", "speculative", p) for p in predictors if p not in ("oracle", "frequency")]
+    if hybrid:
+        out.append(Case("hybrid", "hybrid", "hybrid"))
+    out.append(Case("oracle prefetch", "router-preserving", "oracle"))
+    return out
+
+
+def load_bench_model(spec: str, layers: int, device: str):
+    """A shipped model directory, `tiny:<type>`, or a real model's name (random weights, real shapes)."""
+    from ..generate import load_model
+    from .shapes import MODELS, random_model
+
+    if spec in MODELS:
+        model = random_model(spec, layers).to(device)
+        ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+        return model, ids.to(device), None
+    model, tokenizer = load_model(spec, device=device)
+    if tokenizer is None:
+        ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    else:
+        from ..zoo.corpus import heldout_items
+
+        ids = torch.tensor([tokenizer(heldout_items("arith")[0]["prompt"])["input_ids"]])
+    return model, ids.to(device), tokenizer
+
+
+def _generate(model, ids, tokens):
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                             do_sample=False, pad_token_id=0)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return out
+
+
+class LayerClock:
+    """Per decode step: time in each sparse layer and in its routed experts (resident engine)."""
+
+    def __init__(self, engine):
+        self.engine, self.hooks = engine, []
+        self.layer_s: list[float] = []
+        self.experts_s: list[float] = []
+        self.experts_run: list[int] = []
+        blocks = engine.model.model.layers if hasattr(engine.model, "model") else None
+        for layer in engine.layers:
+            block = blocks[layer.index]
+            self.hooks += [block.register_forward_pre_hook(self._start("layer")),
+                           block.register_forward_hook(self._stop("layer", self.layer_s)),
+                           layer.experts.register_forward_pre_hook(self._start("experts")),
+                           layer.experts.register_forward_hook(self._stop("experts", self.experts_s, layer))]
+        self._t: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.engine.device.type == "cuda":  # kernels are asynchronous: time what ran
+            torch.cuda.synchronize(self.engine.device)
+        return time.perf_counter()
+
+    def _start(self, what):
+        def hook(module, args):
+            self._t[what] = self._now()
+        return hook
+
+    def _stop(self, what, into, layer=None):
+        def hook(module, args, output):
+            now = self._now()
+            if self.engine.decoding:
+                into.append(now - self._t[what])
+                if layer is not None:
+                    self.experts_run.append(layer.top_k)
+        return hook
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
+def measure_costs(model, ids, tokens: int, repeats: int) -> tuple[Costs, float]:
+    """This machine's Costs (link time left 0) and the resident engine's TPOT, medians over repeats."""
+    dense, expert, step, tpots = [], [], [], []
+    for _ in range(repeats):
+        with offload(model, mode="resident") as engine:
+            clock = LayerClock(engine)
+            _generate(model, ids, tokens)
+            s = engine.stats()
+            clock.close()
+        n_layers = len(engine.layers)
+        steps = len(clock.layer_s) // n_layers
+        tpot = s["tpot_ms"]["median"] / 1e3
+        dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
+        expert.append(sum(clock.experts_s) / sum(clock.experts_run))
+        step.append(tpot - sum(clock.layer_s) / steps)
+        tpots.append(tpot)
+    med = statistics.median
+    return Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0), med(tpots)
+
+
+def engine_overhead(model, ids, tokens: int, repeats: int) -> dict:
+    """Tokens/s of the resident engine over the unmodified model (its default experts kernel)."""
+    own_impl = model.config._experts_implementation
+    plain, engine = [], []
+    for _ in range(repeats):  # interleaved
+        model.set_experts_implementation("grouped_mm")
+        t0 = time.perf_counter()
+        _generate(model, ids, tokens)
+        plain.append(tokens / (time.perf_counter() - t0))
+        model.set_experts_implementation(own_impl)
+        with offload(model, mode="resident"):
+            t0 = time.perf_counter()
+            _generate(model, ids, tokens)
+            engine.append(tokens / (time.perf_counter() - t0))
+    p, e = statistics.median(plain), statistics.median(engine)
+    return {"unmodified_tokens_per_s": p, "engine_tokens_per_s": e, "ratio": e / p}
+
+
+def run_case(model, ids, tokens, case: Case, link, capacity, artifact) -> dict:
+    options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True)
+    if case.predictor is not None:
+        options.update(predictor=case.predictor, artifact=artifact)
+    if case.mode == "resident":
+        options = dict(mode="resident", trace=True)
+    with offload(model, **options) as engine:
+        out = _generate(model, ids, tokens)
+        s = engine.stats()
+        transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
+        trace = engine.routing_trace()
+        cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
+    return {"out": out, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
+            "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "trace": trace, "cache_experts": cache_experts,
+            "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
+
+
+def predictor_costs(model, ids, tokens, predictors, artifact, repeats, resident_tpot) -> dict:
+    """Seconds one prediction costs (oracle: one look-ahead pass per step), from resident runs."""
+    n_predicting = len(sparse_layers(model)) - 1
+    out = {}
+    for p in predictors:
+        tpots = []
+        for _ in range(repeats):
+            with offload(model, mode="resident", predictor=p, artifact=artifact) as engine:
+                _generate(model, ids, tokens)
+                tpots.append(engine.stats()["tpot_ms"]["median"] / 1e3)
+        extra = max(0.0, statistics.median(tpots) - resident_tpot)
+        out[p] = {"per_step": extra} if p == "oracle" else {"per_prediction": extra / max(1, n_predicting)}
+    return out
+
+
+def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",
+                artifact=None, progress=True) -> dict:
+    """Everything `evalsuite bench` reports for one model, as a JSON-ready dict."""
+    model, ids, _ = load_bench_model(spec, layers, device)
+    hybrid = artifact is not None and "estimator" in artifact.meta.get("predictors", ["estimator"])
+    all_cases = cases(predictors, hybrid)
+    costs, resident_tpot = measure_costs(model, ids, tokens, repeats)
+    overhead = engine_overhead(model, ids, tokens, repeats)
+    used = sorted({c.predictor for c in all_cases if c.predictor})
+    pcost = predictor_costs(model, ids, tokens, used, artifact, repeats, resident_tpot)
+    reference = _generate(model, ids, tokens)
+    result = {"model": spec, "tokens": tokens, "repeats": repeats, "costs": costs.__dict__,
+              "engine_overhead": overhead, "predictor_costs": pcost, "configs": []}
+    total = len(links) * len(capacities) * repeats * len(all_cases)
+    bar = tqdm(total=total, desc=f"bench {Path(spec).name}", disable=not progress)
+    for link in links:
+        for capacity in capacities:
+            runs = {c: [] for c in all_cases}
+            for _ in range(repeats):
+                for case in all_cases:
+                    r = run_case(model, ids, tokens, case, link, capacity, artifact)
+                    if case.mode in ("resident", "on-demand", "router-preserving") and not torch.equal(r["out"], reference):
+                        raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
+                    runs[case].append(r)
+                    bar.update(1)
+            result["configs"].append(_summarise(runs, costs, pcost, link, capacity))
+    bar.close()
+    return result
+
+
+def _summarise(runs, costs, pcost, link, capacity) -> dict:
+    med = statistics.median
+    transfer_s = med([r["transfer_s"] for rs in runs.values() for r in rs if r["transfer_s"]] or [0.0])
+    link_costs = Costs(**{**costs.__dict__, "transfer_s": transfer_s})
+    on_demand = next(c for c in runs if c.mode == "on-demand")
+    slots = runs[on_demand][0]["cache_experts"]
+    bound = overlap_bound(runs[on_demand][0]["trace"], link_costs, slots)
+    rows = []
+    od_tpot = med(r["tpot_s"] for r in runs[on_demand])
+    for case, rs in runs.items():
+        c = pcost.get(case.predictor, {})
+        case_costs = Costs(**{**link_costs.__dict__, "predictor_s": c.get("per_prediction", 0.0),
+                              "predictor_step_s": c.get("per_step", 0.0)})
+        simulated = simulate(rs[0]["trace"], case_costs, slots, case.sim_mode).tpot_s
+        tpot = med(r["tpot_s"] for r in rs)
+        rows.append({"case": case.label, "mode": case.mode, "predictor": case.predictor, "tpot_ms": tpot * 1e3,
+                     "ttft_ms": med(r["ttft_s"] for r in rs) * 1e3,
+                     "hit_rate": med(r["hit_rate"] for r in rs) if case.mode != "resident" else 1.0,
+                     "stall_ms_per_token": med(r["stall_ms_per_token"] or 0.0 for r in rs),
+                     "gap_closed": gap_closed(od_tpot, tpot, bound) if case.mode != "resident" else None,
+                     "simulated_tpot_ms": simulated * 1e3, "sim_error": simulated / tpot - 1})
+    return {"link": link, "capacity": capacity, "cache_experts": slots, "transfer_ms": transfer_s * 1e3,
+            "bound_tpot_ms": bound * 1e3, "rows": rows, "traces": {c.label: rs[0]["trace"] for c, rs in runs.items()}}
+
+
+def format_result(result: dict) -> str:
+    lines = [f"model {result['model']}: {result['tokens']} new tokens, batch 1, median of {result['repeats']}",
+             "engine overhead (resident engine / unmodified model, tokens/s): "
+             f"{result['engine_overhead']['ratio']:.3f}",
+             "measured costs per token: dense part of a sparse layer {:.3f} ms, one expert {:.3f} ms, rest of "
+             "a step {:.3f} ms".format(*(result["costs"][k] * 1e3 for k in ("dense_s", "expert_s", "step_s")))]
+    for cfg in result["configs"]:
+        lines.append(f"\nlink {cfg['link']} ({cfg['transfer_ms']:.3f} ms per expert measured), cache "
+                     f"{cfg['capacity']} = {cfg['cache_experts']} experts; overlap bound {cfg['bound_tpot_ms']:.2f} ms")
+        lines.append(f"{'case':<28}{'TPOT ms':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}{'gap closed':>11}"
+                     f"{'sim ms':>9}{'sim err':>9}")
+        for r in cfg["rows"]:
+            gap = f"{r['gap_closed']:>11.2f}" if r["gap_closed"] is not None else f"{'-':>11}"
+            lines.append(f"{r['case']:<28}{r['tpot_ms']:>9.2f}{r['ttft_ms']:>9.2f}{r['hit_rate']:>7.3f}"
+                         f"{r['stall_ms_per_token']:>10.2f}{gap}{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}")
+    return "\n".join(lines)
+

@@ -1,0 +1,146 @@
+"""`evalsuite bench | simulate`: add_commands(subparsers) adds them to the main parser."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+NEEDS_ARTIFACT = ("quasi", "adapter", "estimator", "hybrid")
+
+
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _calibrated(model_spec: str, predictors: list[str], epochs: int):
+    """A calibration artifact for a trained model (None, and the predictors it cannot serve, otherwise)."""
+    from ..generate import load_model
+    from ..predict.calibrate import calibrate, calibration_texts, token_batches
+    from .shapes import MODELS
+
+    wanted = [p for p in predictors if p in NEEDS_ARTIFACT]
+    if not wanted:
+        return None, []
+    if model_spec in MODELS or model_spec.startswith("tiny:"):
+        return None, wanted  # random weights: no text to calibrate on
+    model, tokenizer = load_model(model_spec)
+    batches = list(token_batches(calibration_texts(None, 128), tokenizer, model.config.vocab_size, max_len=128))
+    return calibrate(model, batches, "all", epochs=epochs), []
+
+
+def _db_rows(db_url, result: dict) -> int:
+    from ..results.store import ResultsDB
+
+    written = 0
+    with ResultsDB(db_url) as db:
+        for cfg in result["configs"]:
+            for row in cfg["rows"]:
+                run_id = db.start_run({"model": result["model"], "mode": row["mode"], "predictor": row["predictor"],
+                                       "cache_capacity": cfg["capacity"], "link": cfg["link"],
+                                       "kind": "bench", "case": row["case"], "tokens": result["tokens"]})
+                metrics = [{"metric": k, "value": row[k]} for k in
+                           ("tpot_ms", "ttft_ms", "gap_closed", "simulated_tpot_ms", "sim_error") if row[k] is not None]
+                metrics += [{"metric": "bound_tpot_ms", "value": cfg["bound_tpot_ms"]},
+                            {"metric": "engine_overhead_ratio", "value": result["engine_overhead"]["ratio"]}]
+                db.add_task(run_id, "bench", metrics, engine=[{"hit_rate": row["hit_rate"], "tpot_ms": row["tpot_ms"],
+                                                             "ttft_ms": row["ttft_ms"], "tokens": result["tokens"]}])
+                db.finish_run(run_id)
+                written += 1
+    return written
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench_model, format_result
+
+    import torch
+
+    torch.set_num_threads(args.threads)  # the rest of the cores serve the link
+    links, capacities = _list(args.links), [float(c) for c in _list(args.capacities)]
+    if args.repeats < 1 or args.tokens < 2:
+        raise ValueError("--repeats must be at least 1 and --tokens at least 2")
+    out = Path(args.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    (out / "profiles").mkdir(exist_ok=True)
+    results = []
+    for spec in _list(args.models):
+        predictors = _list(args.predictors)
+        artifact, dropped = _calibrated(spec, predictors, args.calibration_epochs)
+        if dropped:
+            print(f"{spec}: {', '.join(dropped)} need a calibrated model with a tokenizer; left out")
+            predictors = [p for p in predictors if p not in dropped]
+        result = bench_model(spec, links, capacities, predictors, tokens=args.tokens, repeats=args.repeats,
+                             layers=args.layers, device=args.device, artifact=artifact)
+        name = Path(spec).name
+        for cfg in result["configs"]:
+            for case_label, trace in cfg.pop("traces").items():
+                safe = case_label.replace("/", "-").replace(" ", "-")
+                trace.save(out / "traces" / f"{name}-{cfg['link']}-{cfg['capacity']}-{safe}.json")
+            profile = {"name": f"{name} on this machine, link {cfg['link']} (measured by evalsuite bench)",
+                       "measured": {k.replace("_s", "_ms"): v * 1e3 for k, v in result["costs"].items()
+                                    if k in ("dense_s", "expert_s", "step_s")} | {"transfer_ms": cfg["transfer_ms"]}}
+            (out / "profiles" / f"{name}-{cfg['link']}.yaml").write_text(json.dumps(profile, indent=1) + "\n")
+        print(format_result(result))
+        results.append(result)
+        if args.db or os.environ.get("EVALSUITE_DB") or os.path.exists("results/results.db"):
+            print(f"{_db_rows(args.db, result)} rows written to the results database")
+    (out / "bench.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(f"wrote {out / 'bench.json'}, traces and measured profiles under {out}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from .profiles import load_profile
+    from .project import fit_trace, format_projection, project
+    from .shapes import model_shape
+    from .trace import RoutingTrace
+
+    trace = RoutingTrace.load(args.trace) if args.trace else None
+    shape = model_shape(args.model)
+    fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall)
+    predictor = args.predictor or (trace.meta.get("predictor") if trace else None) or "gate"
+    everything = []
+    for name in _list(args.profile):
+        profile = load_profile(name)
+        for capacity in [float(c) for c in _list(args.capacity)]:
+            rows = project(fitted, shape, profile, capacity, predictor)
+            title = (f"\n{args.model} on {profile.name}, cache {capacity:g} of experts "
+                     f"({rows[0]['cache_experts']}), predictor {predictor}; {origin}")
+            print(format_projection(rows, title))
+            everything.append({"model": args.model, "profile": profile.name, "capacity": capacity, "rows": rows})
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
+    return 0
+
+
+def add_commands(sub) -> None:
+    from .profiles import profile_names
+    from .shapes import MODELS
+
+    b = sub.add_parser("bench", help="decode TPOT/TTFT of every mode vs the overlap bound; simulator check")
+    b.add_argument("--models", default="models/tiny-qwen3-moe,qwen3-30b-a3b",
+                   help=f"model directories, tiny:<type>, or real shapes with random weights: {', '.join(MODELS)}")
+    b.add_argument("--links", default="pcie4,ufs4,sdcard")
+    b.add_argument("--capacities", default="0.1,0.25,0.5", help="fractions of all experts")
+    b.add_argument("--predictors", default="gate,quasi,adapter,estimator,oracle")
+    b.add_argument("--tokens", type=int, default=16, help="new tokens per request")
+    b.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; medians are reported")
+    b.add_argument("--layers", type=int, default=2, help="sparse layers of a real-shape random model")
+    b.add_argument("--calibration-epochs", type=int, default=10)
+    b.add_argument("--device", default="cpu")
+    b.add_argument("--threads", type=int, default=1, help="torch threads for compute")
+    b.add_argument("--out", default="results/bench", help="bench.json, traces/ and profiles/ go here")
+    b.add_argument("--db", help="also write rows here (default: $EVALSUITE_DB or results/results.db if it exists)")
+    b.set_defaults(run=cmd_bench)
+
+    s = sub.add_parser("simulate", help="projected TPOT per mode for a real model on given hardware")
+    s.add_argument("--trace", help="routing trace JSON (evalsuite bench writes them under OUT/traces)")
+    s.add_argument("--model", default="qwen3-30b-a3b", help=f"one of {', '.join(MODELS)}")
+    s.add_argument("--profile", default="a6000,gh200",
+                   help=f"comma-separated: {', '.join(profile_names())}, or YAML files")
+    s.add_argument("--capacity", default="0.25", help="comma-separated fractions of all experts")
+    s.add_argument("--predictor", help="predictor whose cost to charge (default: the trace's)")
+    s.add_argument("--reuse", type=float, help="temporal reuse for a synthetic trace (default: the trace's)")
+    s.add_argument("--recall", type=float, help="predictor recall for a synthetic trace (default: the trace's)")
+    s.add_argument("--steps", type=int, default=64, help="decode steps of a synthetic trace")
+    s.add_argument("--json", help="also write the rows here")
+    s.set_defaults(run=cmd_simulate)

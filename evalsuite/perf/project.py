@@ -1,0 +1,75 @@
+"""Projected decode TPOT of a real model on real hardware, from a recorded (or synthetic) trace.
+
+A trace recorded on a model with the target's shape is replayed as is. A trace from another
+model (a shipped tiny one, say) cannot be, since its layers and experts differ: its measured
+temporal reuse and predictor recall are carried over to a synthetic trace of the target's
+shape instead (see trace.synthetic_trace), and the output says so.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .profiles import Profile, costs
+from .shapes import ModelShape
+from .simulate import gap_closed, overlap_bound, simulate
+from .trace import RoutingTrace, synthetic_trace
+
+PROJECTED_MODES = ("resident", "on-demand", "router-preserving", "speculative", "oracle")
+
+
+def fit_trace(trace: RoutingTrace | None, shape: ModelShape, steps: int = 64, reuse: float | None = None,
+              recall: float | None = None, seed: int = 0) -> tuple[RoutingTrace, str]:
+    """The trace to replay for `shape`, and a line saying where it came from."""
+    if trace is not None and (trace.experts, trace.top_k, len(trace.layers)) == (
+            shape.experts, shape.top_k, shape.sparse_layers):
+        return trace, f"recorded trace ({len(trace.steps)} decode steps)"
+    if trace is not None:
+        reuse = trace.reuse() if reuse is None else reuse
+        recall = trace.recall() if recall is None else recall
+    if reuse is None or recall is None:
+        raise ValueError("give a trace recorded with a predictor (evalsuite bench --out DIR writes them), "
+                         "or both --reuse and --recall")
+    fitted = synthetic_trace(shape.experts, shape.top_k, shape.sparse_layers, steps, reuse, recall, seed)
+    origin = "synthetic trace with reuse {:.3f} and recall@{} {:.3f}{}".format(
+        reuse, shape.top_k, recall, f", measured on {trace.meta.get('model', 'a recorded trace')}" if trace else "")
+    return fitted, origin
+
+
+def project(trace: RoutingTrace, shape: ModelShape, profile: Profile, capacity: float, predictor: str | None,
+            modes=PROJECTED_MODES) -> list[dict]:
+    """One row per mode (plus the overlap bound): TPOT and its breakdown, in milliseconds."""
+    slots = max(shape.top_k, round(capacity * shape.total_experts)) if capacity <= 1 else int(capacity)
+    base = costs(profile, shape, predictor)
+    rows, on_demand = [], None
+    for mode in modes:
+        c = replace(base, predictor_s=0.0) if mode in ("resident", "on-demand", "oracle") else base
+        p = simulate(trace, c, slots, mode)
+        on_demand = p.tpot_s if mode == "on-demand" else on_demand
+        rows.append({"mode": mode, "predictor": None if mode in ("resident", "on-demand") else
+                     ("perfect" if mode == "oracle" else predictor), **_ms(p.as_dict())})
+    bound = overlap_bound(trace, replace(base, predictor_s=0.0), slots)
+    rows.append({"mode": "overlap bound", "predictor": "perfect", "tpot_ms": bound * 1e3})
+    for row in rows:
+        row["cache_experts"] = slots
+        if on_demand is not None and row["mode"] != "resident":
+            row["vs_on_demand"] = row["tpot_ms"] / (on_demand * 1e3) - 1
+            row["gap_closed"] = gap_closed(on_demand, row["tpot_ms"] / 1e3, bound)
+    return rows
+
+
+def _ms(d: dict) -> dict:
+    return {(k.replace("_s", "_ms") if k.endswith("_s") else k): (v * 1e3 if k.endswith("_s") else v)
+            for k, v in d.items() if k != "mode"}
+
+
+def format_projection(rows: list[dict], title: str) -> str:
+    lines = [title, f"{'mode':<20}{'predictor':<11}{'TPOT ms':>10}{'compute':>9}{'exposed':>9}{'predict':>9}"
+                    f"{'hit':>7}{'vs on-demand':>14}{'gap closed':>12}"]
+    for r in rows:
+        cells = "".join(f"{r[k]:>9.2f}" if r.get(k) is not None else f"{'':>9}"
+                        for k in ("compute_ms", "exposed_transfer_ms", "predictor_ms"))
+        hit = f"{r['hit_rate']:>7.3f}" if r.get("hit_rate") is not None else f"{'':>7}"
+        vs = f"{r['vs_on_demand']:>+14.1%}" if r.get("vs_on_demand") is not None else f"{'':>14}"
+        gap = f"{r['gap_closed']:>12.2f}" if r.get("gap_closed") is not None else f"{'':>12}"
+        lines.append(f"{r['mode']:<20}{str(r['predictor'] or '-'):<11}{r['tpot_ms']:>10.2f}{cells}{hit}{vs}{gap}")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""Routing traces: which experts each sparse layer chose, ran and was predicted to need.
+
+`offload(model, ..., trace=True)` records one `LayerRouting` per sparse layer per decode
+step of batch-1 requests (prefill and batched steps are not recorded: the simulator projects
+decode TPOT, and batch-1 decode is what offloading engines optimise). A trace is plain JSON,
+so any run's routing can be replayed by `evalsuite simulate` against other hardware.
+
+native     the layer's own router's top-k (what a router-preserving run executes)
+executed   the experts the layer actually ran (differs from native under speculation)
+predicted  the prediction made one sparse layer earlier, ranked by confidence (the
+           prefetch candidates); None for the first sparse layer or without a predictor
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class LayerRouting:
+    native: list[int]
+    executed: list[int] | None = None
+    predicted: list[int] | None = None
+
+
+@dataclass
+class RoutingTrace:
+    layers: list[int]  # sparse layer indices, in order
+    experts: int  # routed experts per layer
+    top_k: int
+    steps: list[list[LayerRouting]] = field(default_factory=list)  # decode steps x sparse layers
+    meta: dict = field(default_factory=dict)
+
+    def save(self, path) -> None:
+        data = {"layers": self.layers, "experts": self.experts, "top_k": self.top_k, "meta": self.meta,
+                "steps": [[asdict(r) for r in step] for step in self.steps]}
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path) -> "RoutingTrace":
+        try:
+            data = json.loads(Path(path).read_text())
+            steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
+            return cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
+                             "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
+
+    def recall(self) -> float | None:
+        """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
+        values = [len(set(r.predicted[: self.top_k]) & set(r.native)) / self.top_k
+                  for step in self.steps for r in step if r.predicted]
+        return sum(values) / len(values) if values else None
+
+    def reuse(self) -> float | None:
+        """Mean share of a layer's native experts that the same layer also chose one step earlier."""
+        values = [len(set(now.native) & set(before.native)) / len(now.native)
+                  for prev, step in zip(self.steps, self.steps[1:]) for before, now in zip(prev, step)]
+        return sum(values) / len(values) if values else None
+
+
+class TraceRecorder:
+    """Collects a RoutingTrace from the engine's hooks (see Engine)."""
+
+    def __init__(self, layers, experts: int, top_k: int, meta: dict):
+        self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
+        self._step: dict[int, LayerRouting] | None = None
+
+    def forward_started(self, decoding: bool, rows: int) -> None:
+        self._flush()
+        self._step = {} if decoding and rows == 1 else None
+
+    def native(self, layer: int, ids) -> None:
+        if self._step is not None:
+            self._step.setdefault(layer, LayerRouting([]))
+            self._step[layer].native = sorted(set(ids))
+
+    def executed(self, layer: int, ids) -> None:
+        if self._step is not None:
+            self._step.setdefault(layer, LayerRouting([])).executed = list(ids)
+
+    def predicted(self, layer: int, ranked) -> None:
+        if self._step is not None:
+            self._step.setdefault(layer, LayerRouting([])).predicted = list(ranked)
+
+    def _flush(self) -> None:
+        if self._step and len(self._step) == len(self.trace.layers):
+            self.trace.steps.append([self._step[l] for l in self.trace.layers])
+        self._step = None
+
+    def result(self) -> RoutingTrace:
+        self._flush()
+        return self.trace
+
+
+def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: float, recall: float,
+                    seed: int = 0) -> RoutingTrace:
+    """A trace for a model no run has recorded, with given temporal reuse and predictor recall.
+
+    Each layer keeps each of its previous step's experts with probability `reuse` and draws the
+    rest uniformly; the prediction contains each native expert with probability `recall`
+    and fills up with experts drawn from the rest. Use the reuse and recall measured on a
+    recorded trace (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
+    """
+    rng = random.Random(seed)
+    previous = [rng.sample(range(experts), top_k) for _ in range(layers)]
+    trace = RoutingTrace(list(range(layers)), experts, top_k,
+                         meta={"synthetic": True, "reuse": reuse, "recall": recall, "seed": seed})
+    for _ in range(steps):
+        step = []
+        for pos in range(layers):
+            kept = [e for e in previous[pos] if rng.random() < reuse]
+            rest = [e for e in range(experts) if e not in kept]
+            native = sorted(kept + rng.sample(rest, top_k - len(kept)))
+            hit = [e for e in native if rng.random() < recall]
+            others = [e for e in range(experts) if e not in native]
+            predicted = hit + rng.sample(others, top_k - len(hit)) if pos > 0 else None
+            step.append(LayerRouting(native, None, predicted))
+            previous[pos] = native
+        trace.steps.append(step)
+    return trace

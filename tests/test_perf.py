@@ -1,0 +1,129 @@
+"""Routing traces from the engine, real model shapes, hardware profiles, bench and simulate commands."""
+import copy
+import json
+
+import pytest
+import torch
+
+import evalsuite
+from evalsuite.cli import main
+from evalsuite.perf.bench import bench_model
+from evalsuite.perf.profiles import costs, load_profile, profile_names
+from evalsuite.perf.shapes import MODELS, model_shape, random_model
+from evalsuite.perf.simulate import _executed
+from evalsuite.perf.trace import RoutingTrace
+
+from .helpers import reference_model
+
+NEW_TOKENS = 6
+
+
+def traced(mode, predictor=None, capacity=0.5):
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    with evalsuite.offload(model, mode=mode, predictor=predictor, cache_capacity=capacity, trace=True) as engine:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        return engine.routing_trace()
+
+
+def test_a_trace_holds_every_decode_step_and_layer():
+    trace = traced("router-preserving", "gate")
+    assert len(trace.steps) == NEW_TOKENS - 1  # the prefill is not a decode step
+    assert all(len(step) == len(trace.layers) == 3 for step in trace.steps)
+    for step in trace.steps:
+        assert step[0].predicted is None  # nothing predicts the first sparse layer
+        for r in step:
+            assert r.executed == r.native and len(r.native) == trace.top_k
+        assert all(len(r.predicted) == trace.top_k for r in step[1:])
+    assert trace.meta["mode"] == "router-preserving" and trace.meta["predictor"] == "gate"
+    assert 0 <= trace.recall() <= 1
+
+
+def test_speculative_traces_execute_the_prediction_and_keep_the_native_choice():
+    trace = traced("speculative", "gate")
+    executed = [r.executed for step in trace.steps for r in step]
+    derived = [_executed("speculative", pos, r, trace.top_k) for step in trace.steps for pos, r in enumerate(step)]
+    assert executed == derived
+    assert any(r.executed != r.native for step in trace.steps for r in step[1:])  # gate is not perfect here
+
+
+def test_traces_round_trip_and_bad_files_are_refused(tmp_path):
+    trace = traced("on-demand")
+    trace.save(tmp_path / "t.json")
+    again = RoutingTrace.load(tmp_path / "t.json")
+    assert again.steps == trace.steps and again.layers == trace.layers
+    (tmp_path / "bad.json").write_text('{"layers": [1]')
+    with pytest.raises(ValueError, match="not a routing trace"):
+        RoutingTrace.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="trace=True"):
+        evalsuite.offload(copy.deepcopy(reference_model("qwen3_moe"))).routing_trace()
+
+
+def test_real_shapes_match_the_published_sizes():
+    qwen = model_shape("qwen3-30b-a3b")
+    assert qwen.expert_bytes == 3 * 2048 * 768 * 2 and (qwen.experts, qwen.top_k, qwen.sparse_layers) == (128, 8, 48)
+    total_params = (qwen.total_experts * qwen.expert_bytes + qwen.sparse_layers * qwen.sparse_layer_bytes
+                    + 2 * qwen.head_bytes) / 2
+    assert total_params == pytest.approx(30.5e9, rel=0.02)  # "30.5B parameters in total"
+    glm = model_shape("glm-4.7-flash")
+    assert (glm.dense_layers, glm.sparse_layers, glm.experts, glm.top_k) == (1, 46, 64, 4)
+    with pytest.raises(ValueError, match="unknown model shape"):
+        model_shape("gpt-5")
+
+
+def test_a_random_real_shape_model_has_the_real_expert_size():
+    model = random_model("qwen3-30b-a3b", sparse_layers_count=1, dtype=torch.bfloat16)
+    experts = model.model.layers[0].mlp.experts
+    assert tuple(experts.gate_up_proj.shape) == (128, 2 * 768, 2048) and model.config.num_experts_per_tok == 8
+
+
+def test_every_shipped_profile_loads_and_prices_every_model(tmp_path):
+    assert {"a6000", "a100", "h100", "h200", "gh200", "snapdragon-8-elite-sdcard"} <= set(profile_names())
+    for name in profile_names():
+        profile = load_profile(name)
+        assert profile.sources, f"{name} must say where its figures come from"
+        for shape in MODELS:
+            c = costs(profile, model_shape(shape), "adapter")
+            assert min(c.dense_s, c.expert_s, c.step_s, c.transfer_s, c.predictor_s) > 0
+    # a slower link costs more per expert, nothing else changes
+    fast, slow = (costs(load_profile(p), model_shape("qwen3-30b-a3b")) for p in
+                  ("snapdragon-8-elite-ufs4", "snapdragon-8-elite-sdcard"))
+    assert slow.transfer_s > 10 * fast.transfer_s and slow.expert_s == fast.expert_s
+    (tmp_path / "p.yaml").write_text("name: x\nmemory_bandwidth_gbs: 10\n")
+    with pytest.raises(ValueError, match="needs memory_bandwidth_gbs"):
+        load_profile(str(tmp_path / "p.yaml"))
+
+
+def test_bench_measures_every_case_and_checks_the_simulator_against_it():
+    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "oracle"], tokens=5, repeats=1, progress=False)
+    cfg = result["configs"][0]
+    cases = [r["case"] for r in cfg["rows"]]
+    assert cases == ["resident", "on-demand", "router-preserving/gate", "speculative/gate", "oracle prefetch"]
+    for row in cfg["rows"]:
+        assert row["tpot_ms"] > 0 and row["simulated_tpot_ms"] > 0
+    assert cfg["bound_tpot_ms"] > 0 and cfg["transfer_ms"] > 0 and result["engine_overhead"]["ratio"] > 0
+    assert len(cfg["traces"]["on-demand"].steps) == 4
+
+
+def test_simulate_command_projects_every_mode(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["simulate", "--model", "qwen3-30b-a3b", "--profile", "a6000", "--reuse", "0.3", "--recall", "0.8",
+                 "--steps", "8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())[0]["rows"]
+    modes = [r["mode"] for r in rows]
+    assert modes == ["resident", "on-demand", "router-preserving", "speculative", "oracle", "overlap bound"]
+    by_mode = {r["mode"]: r["tpot_ms"] for r in rows}
+    assert by_mode["resident"] < by_mode["overlap bound"] <= by_mode["on-demand"]
+    assert "synthetic trace" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--profile", "tpu-v9", "--reuse", "0.3", "--recall", "0.8"], "unknown hardware profile"),
+    (["simulate", "--model", "gpt-5", "--reuse", "0.3", "--recall", "0.8"], "unknown model shape"),
+    (["simulate", "--profile", "a6000"], "give a trace"),
+])
+def test_simulate_bad_input_is_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
