@@ -20,6 +20,10 @@ from evalsuite.scoring.datasets import (  # noqa: E402,F401
     load_aime24, load_aime25, load_aime_1983_2024, load_gsm8k, load_humaneval, load_strategyqa,
 )
 from evalsuite.scoring.heldout import load_arith, load_boxed, load_code, load_yesno  # noqa: E402,F401
+from evalsuite.scoring.mathvision import (  # noqa: E402,F401
+    doc_to_image as mathvision_doc_to_image, doc_to_text as mathvision_doc_to_text, load_mathvision_testmini,
+    score_mathvision,
+)
 
 
 def strategyqa_cot_target(doc: dict) -> str:
