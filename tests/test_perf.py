@@ -119,11 +119,42 @@ def test_simulate_command_projects_every_mode(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["simulate", "--profile", "tpu-v9", "--reuse", "0.3", "--recall", "0.8"], "unknown hardware profile"),
-    (["simulate", "--model", "gpt-5", "--reuse", "0.3", "--recall", "0.8"], "unknown model shape"),
-    (["simulate", "--profile", "a6000"], "give a trace"),
+    (["simulate", "--profile", "tpu-v9", "--model", "qwen3-30b-a3b", "--reuse", "0.3", "--recall", "0.8"],
+     "unknown hardware profile"),
+    (["simulate", "--profile", "a6000", "--model", "gpt-5", "--reuse", "0.3", "--recall", "0.8"],
+     "unknown model shape"),
+    (["simulate", "--profile", "a6000", "--model", "qwen3-30b-a3b"], "give a trace"),
+    (["simulate", "--profile", "a6000"], "give --model"),
 ])
 def test_simulate_bad_input_is_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(tmp_path, capsys):
+    db = tmp_path / "r.db"
+    out = tmp_path / "bench"
+    assert main(["bench", "--models", "tiny:qwen3_moe", "--links", "ufs4", "--capacities", "0.5",
+                 "--predictors", "gate,oracle", "--tokens", "4", "--repeats", "1", "--out", str(out),
+                 "--db", str(db)]) == 0
+    printed = capsys.readouterr().out
+    assert "5 rows written" in printed and "overlap bound" in printed
+    result = json.loads((out / "bench.json").read_text())[0]
+    rows = {r["case"]: r for r in result["configs"][0]["rows"]}
+    trace = out / "traces" / "tiny-qwen3_moe-ufs4-0.5-router-preserving-gate.json"
+    profile = out / "profiles" / "tiny-qwen3_moe-ufs4-0.5.yaml"
+    assert trace.exists() and profile.exists()
+    # the same trace and measured costs through `evalsuite simulate` give the bench's simulated TPOT
+    projected = tmp_path / "p.json"
+    assert main(["simulate", "--trace", str(trace), "--profile", str(profile), "--capacity", "0.5",
+                 "--predictor", "gate", "--json", str(projected)]) == 0
+    by_mode = {r["mode"]: r["tpot_ms"] for r in json.loads(projected.read_text())[0]["rows"]}
+    assert by_mode["router-preserving"] == pytest.approx(rows["router-preserving/gate"]["simulated_tpot_ms"])
+    from evalsuite.results.store import ResultsDB
+
+    with ResultsDB(str(db)) as store:
+        runs = store.runs()
+        metrics = store.task_metrics(runs["id"].tolist())
+    assert len(runs) == 5 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
+    assert {"tpot_ms", "gap_closed", "simulated_tpot_ms"} <= set(metrics["metric"])

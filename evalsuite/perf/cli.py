@@ -70,15 +70,22 @@ def cmd_bench(args) -> int:
             predictors = [p for p in predictors if p not in dropped]
         result = bench_model(spec, links, capacities, predictors, tokens=args.tokens, repeats=args.repeats,
                              layers=args.layers, device=args.device, artifact=artifact)
-        name = Path(spec).name
+        name = Path(spec).name.replace(":", "-")
         for cfg in result["configs"]:
             for case_label, trace in cfg.pop("traces").items():
                 safe = case_label.replace("/", "-").replace(" ", "-")
                 trace.save(out / "traces" / f"{name}-{cfg['link']}-{cfg['capacity']}-{safe}.json")
+            measured = {k.replace("_s", "_ms"): v * 1e3 for k, v in result["costs"].items()
+                        if k in ("dense_s", "expert_s", "step_s", "handoff_s")}
+            measured.update(transfer_ms=cfg["transfer_ms"], predictor_ms={
+                p: c["per_prediction"] * 1e3 for p, c in result["predictor_costs"].items() if "per_prediction" in c},
+                predictor_step_ms={p: c["per_step"] * 1e3 for p, c in result["predictor_costs"].items()
+                                   if "per_step" in c})
             profile = {"name": f"{name} on this machine, link {cfg['link']} (measured by evalsuite bench)",
-                       "measured": {k.replace("_s", "_ms"): v * 1e3 for k, v in result["costs"].items()
-                                    if k in ("dense_s", "expert_s", "step_s")} | {"transfer_ms": cfg["transfer_ms"]}}
-            (out / "profiles" / f"{name}-{cfg['link']}.yaml").write_text(json.dumps(profile, indent=1) + "\n")
+                       "measured": measured}
+            # JSON is YAML: the profile loads with load_profile
+            path = out / "profiles" / f"{name}-{cfg['link']}-{cfg['capacity']}.yaml"
+            path.write_text(json.dumps(profile, indent=1) + "\n")
         print(format_result(result))
         results.append(result)
         if args.db or os.environ.get("EVALSUITE_DB") or os.path.exists("results/results.db"):
@@ -95,18 +102,24 @@ def cmd_simulate(args) -> int:
     from .trace import RoutingTrace
 
     trace = RoutingTrace.load(args.trace) if args.trace else None
-    shape = model_shape(args.model)
-    fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall)
+    if args.model is None and trace is None:
+        raise ValueError("give --model (a real model's shape) or --trace")
+    if args.model is None:  # replay the trace on its own model (a measured profile)
+        shape, fitted, origin = None, trace, f"recorded trace ({len(trace.steps)} decode steps), its own model"
+    else:
+        shape = model_shape(args.model)
+        fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall)
+    name = args.model or trace.meta.get("model") or "the traced model"
     predictor = args.predictor or (trace.meta.get("predictor") if trace else None) or "gate"
     everything = []
     for name in _list(args.profile):
         profile = load_profile(name)
         for capacity in [float(c) for c in _list(args.capacity)]:
             rows = project(fitted, shape, profile, capacity, predictor)
-            title = (f"\n{args.model} on {profile.name}, cache {capacity:g} of experts "
+            title = (f"\n{name} on {profile.name}, cache {capacity:g} of experts "
                      f"({rows[0]['cache_experts']}), predictor {predictor}; {origin}")
             print(format_projection(rows, title))
-            everything.append({"model": args.model, "profile": profile.name, "capacity": capacity, "rows": rows})
+            everything.append({"model": name, "profile": profile.name, "capacity": capacity, "rows": rows})
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
     return 0
@@ -134,8 +147,9 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("simulate", help="projected TPOT per mode for a real model on given hardware")
     s.add_argument("--trace", help="routing trace JSON (evalsuite bench writes them under OUT/traces)")
-    s.add_argument("--model", default="qwen3-30b-a3b", help=f"one of {', '.join(MODELS)}")
-    s.add_argument("--profile", default="a6000,gh200",
+    s.add_argument("--model", help=f"a real model's shape: {', '.join(MODELS)}; without it the trace is replayed "
+                                   "on its own model (needs a measured profile)")
+    s.add_argument("--profile", required=True,
                    help=f"comma-separated: {', '.join(profile_names())}, or YAML files")
     s.add_argument("--capacity", default="0.25", help="comma-separated fractions of all experts")
     s.add_argument("--predictor", help="predictor whose cost to charge (default: the trace's)")

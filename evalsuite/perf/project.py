@@ -35,10 +35,15 @@ def fit_trace(trace: RoutingTrace | None, shape: ModelShape, steps: int = 64, re
     return fitted, origin
 
 
-def project(trace: RoutingTrace, shape: ModelShape, profile: Profile, capacity: float, predictor: str | None,
-            modes=PROJECTED_MODES) -> list[dict]:
-    """One row per mode (plus the overlap bound): TPOT and its breakdown, in milliseconds."""
-    slots = max(shape.top_k, round(capacity * shape.total_experts)) if capacity <= 1 else int(capacity)
+def project(trace: RoutingTrace, shape: ModelShape | None, profile: Profile, capacity: float,
+            predictor: str | None, modes=PROJECTED_MODES) -> list[dict]:
+    """One row per mode (plus the overlap bound): TPOT and its breakdown, in milliseconds.
+    Without a shape the trace is its own model, and the profile must hold measured costs."""
+    if shape is None and profile.measured is None:
+        raise ValueError("a hardware profile with rates needs a model shape (--model); "
+                         "only a measured profile can replay a trace of its own model")
+    total = shape.total_experts if shape is not None else trace.experts * len(trace.layers)
+    slots = max(trace.top_k, round(capacity * total)) if capacity <= 1 else int(capacity)
     base = costs(profile, shape, predictor)
     rows, on_demand = [], None
     for mode in modes:

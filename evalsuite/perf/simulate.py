@@ -40,6 +40,7 @@ class Costs:
     transfer_s: float  # one expert over the link
     predictor_s: float = 0.0  # one prediction (made at every sparse layer but the last)
     predictor_step_s: float = 0.0  # per step (an oracle's look-ahead pass, when measured)
+    handoff_s: float = 0.0  # added to every wait for a copy: waking the waiting thread (measured)
 
 
 @dataclass
@@ -192,6 +193,7 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
                 if mode != "resident":
                     ready = link.ready_at(key, t)
                     if ready > t:
+                        ready += costs.handoff_s
                         waited += ready - t
                         t = ready
                 t += costs.expert_s
