@@ -19,6 +19,12 @@ stall          wall time the compute waited for expert transfers to land.
 TTFT           time to first token: wall time of a request's first forward pass (the prefill).
 TPOT           time per output token: (end of the last forward - end of the first) / (n - 1)
                for a request whose generation ran n forward passes; requests with n = 1 have none.
+token kind     "image" for positions holding the model's image or video token, "text" for the
+               rest (vision-language models only). Hit rate by kind: over (token, routed
+               expert) pairs of that kind, the share whose expert was a hit at that layer in
+               that forward pass. Recall@k by kind: per token, as recall@k, over prefill and
+               decode tokens (image tokens exist only in prefill), averaged over the tokens
+               of the kind per target layer, then over layers.
 Request-level values are summarised across requests by mean and median.
 """
 from __future__ import annotations
@@ -74,12 +80,54 @@ class RequestTiming:
 
 
 @dataclass
+class KindCounts:
+    """Hits and recall split by token kind (see the module docstring)."""
+
+    hits: dict = field(default_factory=dict)  # kind -> [hits, uses]
+    recall: dict = field(default_factory=dict)  # k -> kind -> layer -> [sum, tokens]
+
+    def add_hits(self, kind: str, hits: int, uses: int) -> None:
+        total = self.hits.setdefault(kind, [0, 0])
+        total[0] += hits
+        total[1] += uses
+
+    def add_recall(self, k: int, kind: str, layer: int, total: float, tokens: int) -> None:
+        cell = self.recall.setdefault(k, {}).setdefault(kind, {}).setdefault(layer, [0.0, 0])
+        cell[0] += total
+        cell[1] += tokens
+
+    def merge(self, other: "KindCounts") -> "KindCounts":
+        for kind, (h, u) in other.hits.items():
+            self.add_hits(kind, h, u)
+        for k, kinds in other.recall.items():
+            for kind, layers in kinds.items():
+                for layer, (total, tokens) in layers.items():
+                    self.add_recall(k, kind, layer, total, tokens)
+        return self
+
+    def summary(self) -> dict | None:
+        kinds = set(self.hits) | {kind for kinds in self.recall.values() for kind in kinds}
+        if not kinds:
+            return None
+        out = {}
+        for kind in sorted(kinds):
+            h, u = self.hits.get(kind, (0, 0))
+            row = {"hit_rate": hit_rate(h, u), "tokens_x_experts": u}
+            for k, by_kind in self.recall.items():
+                layers = [t / n for t, n in by_kind.get(kind, {}).values() if n]
+                row[f"recall@{k}"] = sum(layers) / len(layers) if layers else None
+            out[kind] = row
+        return out
+
+
+@dataclass
 class EngineRecord:
     """Everything the engine measured over some requests; records merge by concatenation."""
 
     counters: dict[int, Counters] = field(default_factory=dict)  # sparse layer -> counters
     requests: list[RequestTiming] = field(default_factory=list)
     recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per-sample
+    kinds: KindCounts = field(default_factory=KindCounts)
 
     def merge(self, other: "EngineRecord") -> "EngineRecord":
         for layer, c in other.counters.items():
@@ -88,6 +136,7 @@ class EngineRecord:
         for k, layers in other.recall.items():
             for layer, samples in layers.items():
                 self.recall.setdefault(k, {}).setdefault(layer, []).extend(samples)
+        self.kinds.merge(other.kinds)
         return self
 
     def summary(self) -> dict:
@@ -106,6 +155,7 @@ class EngineRecord:
             "tpot_ms": summarise(r.tpot_s for r in timed),
             "layers": {layer: c.as_dict() for layer, c in sorted(self.counters.items())},
             "recall": {k: recall_summary(layers) for k, layers in self.recall.items()} or None,
+            "by_token_kind": self.kinds.summary(),
         }
 
 

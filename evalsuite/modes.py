@@ -68,6 +68,10 @@ class PredictionDriver:
         replaced = None
         if predicted is not None and engine.decoding:
             self._record_recall(pos, predicted, ids)
+        if predicted is not None and engine.kinds is not None:  # prefill too: image tokens live there
+            for k in self.recall_ks:
+                top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(ids.device)
+                engine.kinds.count_recall(engine.record.kinds, k, engine.layers[pos].index, top, ids)
         if predicted is not None and self.speculates(pos):
             ids = predicted.topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)

@@ -21,6 +21,7 @@ from .cache import POLICIES, ExpertCache, capacity_in_experts, check_fits
 from .kernel import run_experts
 from .scheduler import PrefetchScheduler
 from .store import ExpertLayout, HostStore, SafetensorsStore
+from .token_kinds import TokenKinds, image_token_ids
 from .transfer import TransferEngine, TransferError, parse_link
 
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
@@ -32,8 +33,11 @@ IMPLEMENTATION = "evalsuite"
 
 def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     engine, layer = experts._evalsuite
-    return run_experts(experts, hidden_states, top_k_index, top_k_weights,
-                       lambda needed: engine.weights_in_order(layer, experts, needed))
+    out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
+                      lambda needed: engine.weights_in_order(layer, experts, needed))
+    if engine.kinds is not None and not engine.shadow:
+        engine.kinds.count_hits(engine.record.kinds, top_k_index, engine.hit_of)
+    return out
 
 
 ExpertsInterface.register(IMPLEMENTATION, _engine_experts_forward)
@@ -104,6 +108,8 @@ class Engine:
         if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
         self.budget, self.tracer, self._hooks = budget, None, []
+        ids = image_token_ids(model)
+        self.kinds, self.hit_of = (TokenKinds(ids) if ids else None), {}  # metrics by token kind
         if trace:  # its router hooks go first, so they see the native routing
             self._start_trace()
         if predictor is not None:
@@ -186,6 +192,7 @@ class Engine:
         counters = self.record.counters[layer]
         if self.tracer is not None and not self.shadow:
             self.tracer.executed(layer, needed)
+        self.hit_of = {}
         if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
@@ -194,6 +201,7 @@ class Engine:
             for e in needed:
                 counters.expert_uses += 1
                 counters.hits += 1
+                self.hit_of[e] = True
                 yield e, {name: getattr(experts, name)[e] for name, _, _ in self.layout.fields}
             return
         waiting = deque((layer, e) for e in needed)
@@ -251,6 +259,7 @@ class Engine:
         counters.expert_uses += 1
         if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
             self.cache.forget(key)
+        self.hit_of[key[1]] = self.cache.resident(key)
         if self.cache.resident(key):
             counters.hits += 1
             if key in self._prefetched:
@@ -291,6 +300,8 @@ class Engine:
             self.record.requests.append(RequestTiming(time.perf_counter(), _rows(args, kwargs)))
         if self.tracer is not None:
             self.tracer.forward_started(self.decoding, _rows(args, kwargs))
+        if self.kinds is not None:
+            self.kinds.forward_started(kwargs.get("input_ids", args[0] if args else None), kwargs.get("attention_mask"))
         if self.predictor is not None and self.predictor.name == "oracle":
             self._shadow_pass(module, args, kwargs, cache_arg, cache)
 

@@ -28,6 +28,8 @@ def engine_entries(summary: dict) -> dict[str, float]:
         "bytes_per_token": summary["bytes_per_token"],
         "stall_ms_per_token": summary["stall_ms_per_token"],
     })
+    for kind, row in (summary.get("by_token_kind") or {}).items():  # vision-language models
+        entries.update({f"{kind}_{name}": value for name, value in row.items() if name != "tokens_x_experts"})
     return {f"{name},{ENGINE_FILTER}": value for name, value in entries.items() if value is not None}
 
 

@@ -1,0 +1,63 @@
+"""Which positions of a forward pass hold image tokens, for metrics split by token kind.
+
+Vision-language MoEs route image tokens through the same experts as text, but differently;
+the engine reports hit rate and recall for each kind (definitions in evalsuite/metrics.py).
+Padding positions (attention mask 0) belong to neither kind.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..metrics import KindCounts
+
+IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "image_token_index")
+
+
+def image_token_ids(model) -> list[int]:
+    config = model.config
+    return sorted({v for name in IMAGE_TOKEN_FIELDS if isinstance(v := getattr(config, name, None), int)})
+
+
+class TokenKinds:
+    def __init__(self, ids: list[int]):
+        self.ids = torch.tensor(ids)
+        self.image: torch.Tensor | None = None  # per flattened position of the running forward
+        self.text: torch.Tensor | None = None
+
+    def forward_started(self, input_ids, attention_mask) -> None:
+        if input_ids is None:  # embeddings only: kinds unknown
+            self.image = self.text = None
+            return
+        image = torch.isin(input_ids, self.ids.to(input_ids.device))
+        real = torch.ones_like(image)
+        if attention_mask is not None:
+            real = attention_mask[:, -input_ids.shape[1]:].bool()
+        self.image, self.text = (image & real).flatten(), (~image & real).flatten()
+
+    def masks(self, tokens: int) -> dict[str, torch.Tensor]:
+        if self.image is None or self.image.numel() != tokens:
+            return {}
+        return {"image": self.image, "text": self.text}
+
+    def count_hits(self, counts: KindCounts, top_k_index: torch.Tensor, hit_of: dict[int, bool]) -> None:
+        """Per kind: (token, routed expert) pairs whose expert was a hit at this layer."""
+        masks = self.masks(top_k_index.shape[0])
+        if not masks:
+            return
+        hit = torch.zeros(int(top_k_index.max()) + 1, dtype=torch.long, device=top_k_index.device)
+        for expert, was_hit in hit_of.items():
+            if was_hit and expert < hit.numel():
+                hit[expert] = 1
+        per_token = hit[top_k_index].sum(dim=-1)
+        for kind, mask in masks.items():
+            counts.add_hits(kind, int(per_token[mask].sum()), int(mask.sum()) * top_k_index.shape[1])
+
+    def count_recall(self, counts: KindCounts, k: int, layer: int, top: torch.Tensor, native: torch.Tensor) -> None:
+        """Per kind: the summed per-token recall@k of a prediction, and the tokens it covers."""
+        masks = self.masks(native.shape[0])
+        if not masks:
+            return
+        per_token = (top.unsqueeze(-1) == native.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native.shape[1]
+        for kind, mask in masks.items():
+            if mask.any():
+                counts.add_recall(k, kind, layer, float(per_token[mask].sum()), int(mask.sum()))

@@ -1,0 +1,57 @@
+"""Vision-language MoE through the engine: images included, outputs exact, metrics by token kind."""
+import copy
+
+import pytest
+import torch
+
+import evalsuite
+
+from .helpers import reference_model
+
+IMAGE, START, END = 150, 152, 153  # TINY_VL's image / vision-start / vision-end token ids
+
+
+def image_inputs(rows: int = 1, seed: int = 0):
+    """Text, one 4x4-patch image (4 image tokens after the 2x2 merge), more text; per row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.cat([torch.randint(3, 140, (rows, 5), generator=g), torch.tensor([[START] + [IMAGE] * 4 + [END]] * rows),
+                     torch.randint(3, 140, (rows, 4), generator=g)], dim=1)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": (ids == IMAGE).int(),
+            "pixel_values": torch.randn(16 * rows, 3 * 2 * 8 * 8, generator=g),
+            "image_grid_thw": torch.tensor([[1, 4, 4]] * rows)}
+
+
+@pytest.mark.parametrize("mode, predictor", [("on-demand", None), ("router-preserving", "gate")])
+def test_image_and_text_tokens_give_the_unmodified_logits(mode, predictor):
+    reference = reference_model("qwen3_vl_moe")
+    inputs = image_inputs(rows=2)
+    with torch.no_grad():
+        expected = reference(**inputs).logits
+        tokens = reference.generate(**inputs, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode=mode, predictor=predictor, cache_capacity=3) as engine, torch.no_grad():
+        assert torch.equal(model(**inputs).logits, expected)
+        assert torch.equal(model.generate(**inputs, max_new_tokens=4, do_sample=False, pad_token_id=0), tokens)
+        assert engine.stats()["misses"] > 0
+
+
+def test_hit_rate_and_recall_are_split_by_token_kind():
+    model = copy.deepcopy(reference_model("qwen3_vl_moe"))
+    inputs = image_inputs()
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=4) as engine:
+        with torch.no_grad():
+            model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        kinds = engine.stats()["by_token_kind"]
+    layers, top_k = len(engine.layers), engine.layers[0].top_k
+    # 4 image tokens in the prefill; 11 text tokens in the prefill plus 2 decode steps
+    assert kinds["image"]["tokens_x_experts"] == 4 * top_k * layers
+    assert kinds["text"]["tokens_x_experts"] == (inputs["input_ids"].shape[1] - 4 + 2) * top_k * layers
+    for kind in ("image", "text"):
+        assert 0 <= kinds[kind]["hit_rate"] <= 1 and 0 <= kinds[kind][f"recall@{top_k}"] <= 1
+
+
+def test_text_only_models_report_no_token_kinds():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, cache_capacity=4) as engine, torch.no_grad():
+        model(input_ids=torch.randint(3, 100, (1, 6)))
+        assert engine.stats()["by_token_kind"] is None
