@@ -51,13 +51,17 @@ gate: $(STAMP)
 report: $(STAMP)
 	$(BIN)/evalsuite report $(if $(DB),--db $(DB)) --out results/report
 
+# Decode TPOT of every mode vs the overlap bound, engine overhead, simulator check (docs/performance.md).
 bench: $(STAMP)
-	$(BIN)/python bench/transfer_overlap.py
+	$(BIN)/evalsuite bench --models models/tiny-qwen3-moe --links pcie4,ufs4,sdcard --capacities 0.1,0.25,0.5 \
+		--out results/bench/tiny
+	$(BIN)/evalsuite bench --models qwen3-30b-a3b --links pcie4,sdcard --capacities 0.25 --tokens 8 \
+		--out results/bench/qwen3-30b-a3b
 
 # Both shipped models from seed 0, in parallel (one thread each); --resume continues a cut-off run.
 tiny-models: $(STAMP)
-	$(BIN)/evalsuite train-tiny --model qwen --out models --seed 0 --minutes 40 --resume & \
-	$(BIN)/evalsuite train-tiny --model glm --out models --seed 0 --minutes 40 --resume & wait
+	$(BIN)/evalsuite train-tiny --model qwen --out models --seed 0 --resume & \
+	$(BIN)/evalsuite train-tiny --model glm --out models --seed 0 --resume & wait
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -37,6 +37,9 @@ def test_a_trace_holds_every_decode_step_and_layer():
             assert r.executed == r.native and len(r.native) == trace.top_k
         assert all(len(r.predicted) == trace.top_k for r in step[1:])
     assert trace.meta["mode"] == "router-preserving" and trace.meta["predictor"] == "gate"
+    # the prefill's experts are kept, to warm the simulated cache as the real prefill does
+    [(start, per_layer)] = trace.prefills
+    assert start == 0 and len(per_layer) == 3 and all(len(e) >= trace.top_k for e in per_layer)
     assert 0 <= trace.recall() <= 1
 
 

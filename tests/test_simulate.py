@@ -109,3 +109,13 @@ def test_synthetic_traces_have_the_asked_reuse_and_recall():
     assert trace.reuse() == pytest.approx(0.4 + 0.6 * 4 / 64, abs=0.03)
     assert all(len(r.native) == 4 and len(set(r.native)) == 4 for step in trace.steps for r in step)
     assert not math.isnan(simulate(trace, COSTS, capacity=40, mode="speculative").tpot_s)
+
+
+def test_a_prefill_leaves_its_experts_in_the_cache():
+    trace = trace_of([[[0, 1]]])
+    cold = simulate(trace, COSTS, capacity=4, mode="on-demand")
+    trace.prefills = [(0, [[0, 1, 2]])]
+    warm = simulate(trace, COSTS, capacity=4, mode="on-demand")
+    assert cold.transfers_per_token == 2 and warm.transfers_per_token == 0 and warm.hit_rate == 1.0
+    trace.prefills = [(0, [[0, 1, 2, 3, 4, 5]])]  # 0 and 1 were evicted by later prefill experts
+    assert simulate(trace, COSTS, capacity=4, mode="on-demand").transfers_per_token == 2

@@ -368,7 +368,9 @@ class Engine:
                     fused = torch.stack([self.layout.views(self.store.read((layer.index, e)))[name].clone()
                                          for e in range(layer.num_experts)]).to(self.device)
                     setattr(layer.experts, name, torch.nn.Parameter(fused, requires_grad=False))
-            self.cache = None
+            # drop the big buffers now: engine, driver and scheduler refer to each other, so
+            # the garbage collector would free them only some time later
+            self.cache = self.store = self.transfers.store = None
         for hook in self._hooks:
             hook.remove()
         if self.driver is not None:

@@ -1,8 +1,8 @@
 """lm-eval integration: the `specmoe` model and engine metrics in lm-eval's results.
 
-Importing this module (done by `import evalsuite`) registers the models with lm-eval.
+Importing this module (done by `import evalsuite`) registers the models (`specmoe`, `specmoe-vlm`) with lm-eval.
 """
 from . import results  # noqa: F401  (wraps lm_eval.evaluator.evaluate)
-from .specmoe import SpecMoELM
+from .specmoe import SpecMoELM, SpecMoEVLM
 
-__all__ = ["SpecMoELM"]
+__all__ = ["SpecMoELM", "SpecMoEVLM"]

@@ -1,19 +1,21 @@
-"""`specmoe`: lm-eval's HF model with its experts offloaded by the evalsuite engine.
+"""`specmoe` and `specmoe-vlm`: lm-eval's HF models with their experts offloaded by the engine.
 
-Every HFLM argument keeps working; the engine's options are extra model_args. lm-eval hands
-the model all tasks' requests at once, interleaved; this adapter runs each task's requests
-as their own group, so the engine's measurements are attributed to the task that caused them.
+Every argument of lm-eval's `hf` (text) or `hf-multimodal` (vision-language) model keeps
+working; the engine's options are extra model_args. lm-eval hands the model all tasks'
+requests at once, interleaved; these adapters run each task's requests as their own group, so
+the engine's measurements are attributed to the task that caused them.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from lm_eval.api.registry import register_model
+from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
 
 from ..engine import MODES, offload
-from ..engine.offload import POOLS, STORES
 from ..engine.cache import POLICIES
+from ..engine.offload import POOLS, STORES
 from ..metrics import EngineRecord
 from ..predict import PREDICTOR_NAMES, fingerprint
 
@@ -30,26 +32,16 @@ def check_engine_args(args: dict) -> None:
             raise ValueError(f"specmoe: {name}={args[name]!r} is not one of: {', '.join(valid)}")
 
 
-@register_model("specmoe")
-class SpecMoELM(HFLM):
-    """model_args: pretrained, mode, predictor, predictor_path, cache_capacity, cache_policy,
-    cache_pools, link, store, horizon, prefetch_budget, window, ... plus every HFLM argument."""
+class EngineAdapter:
+    """What both adapters add to their lm-eval base class: the engine, and metrics per task."""
 
-    def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
-                 **kwargs):
-        engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
-        # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
-        engine_args.update(mode=mode, cache_capacity=cache_capacity)
-        check_engine_args(engine_args)
-        kwargs.setdefault("device", "cpu")
-        super().__init__(pretrained=pretrained, **kwargs)
+    def _offload(self, engine_args: dict, experts_implementation: str) -> None:
         # The engine reproduces the eager kernel bit for bit; compare with `hf` running eager too.
         self.model.set_experts_implementation(experts_implementation)
         self.engine = offload(self.model, **engine_args)
         self.engine_args = engine_args
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
 
-    # lm-eval's three request types, each grouped by task
     def generate_until(self, requests, disable_tqdm: bool = False):
         return self._by_task(super().generate_until, requests, disable_tqdm)
 
@@ -85,3 +77,36 @@ class SpecMoELM(HFLM):
         info = super().get_model_info()
         info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe()}
         return info
+
+
+def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
+    engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
+    # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
+    engine_args.update(mode=mode, cache_capacity=cache_capacity)
+    check_engine_args(engine_args)
+    kwargs.setdefault("device", "cpu")
+    return engine_args
+
+
+@register_model("specmoe")
+class SpecMoELM(EngineAdapter, HFLM):
+    """model_args: pretrained, mode, predictor, predictor_path, cache_capacity, cache_policy,
+    cache_pools, link, store, horizon, prefetch_budget, window, ... plus every HFLM argument."""
+
+    def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
+                 **kwargs):
+        engine_args = _engine_args(kwargs, mode, cache_capacity)
+        super().__init__(pretrained=pretrained, **kwargs)
+        self._offload(engine_args, experts_implementation)
+
+
+@register_model("specmoe-vlm")
+class SpecMoEVLM(EngineAdapter, HFMultimodalLM):
+    """The vision-language counterpart (lm-eval's hf-multimodal): same engine model_args, plus
+    every hf-multimodal argument. Metrics are also split by token kind (image vs text)."""
+
+    def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
+                 **kwargs):
+        engine_args = _engine_args(kwargs, mode, cache_capacity)
+        super().__init__(pretrained=pretrained, **kwargs)
+        self._offload(engine_args, experts_implementation)

@@ -117,24 +117,70 @@ class LayerClock:
             h.remove()
 
 
-def measure_costs(model, ids, tokens: int, repeats: int) -> tuple[Costs, float]:
-    """This machine's Costs (link time left 0) and the resident engine's TPOT, medians over repeats."""
-    dense, expert, step, tpots = [], [], [], []
+def measure_costs(model, ids, tokens: int, repeats: int, predictors=(), artifact=None) -> tuple[Costs, dict]:
+    """This machine's Costs (link time left 0) and each predictor's cost, medians of interleaved repeats.
+
+    Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
+    the rest of a step. Engines whose cache holds every expert and is already warm then
+    isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
+    and each predictor's cost (warm router-preserving minus warm on-demand: prediction,
+    scheduling, and the oracle's look-ahead pass), with no transfer in either. A cold engine
+    with the smallest cache and no link emulation, where nearly every use misses, gives what
+    starting one transfer costs the compute thread (its TPOT minus resident and minus the
+    time it waited, per transfer).
+    """
+    dense, expert, step, resident, warm, per_miss = [], [], [], [], {None: []}, []
+    warm.update({p: [] for p in predictors})
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
             clock = LayerClock(engine)
             _generate(model, ids, tokens)
             s = engine.stats()
             clock.close()
-        n_layers = len(engine.layers)
-        steps = len(clock.layer_s) // n_layers
+        steps = len(clock.layer_s) // len(engine.layers)
         tpot = s["tpot_ms"]["median"] / 1e3
         dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
         expert.append(sum(clock.experts_s) / sum(clock.experts_run))
         step.append(tpot - sum(clock.layer_s) / steps)
-        tpots.append(tpot)
+        resident.append(tpot)
+        for p in warm:
+            warm[p].append(_warm_tpot(model, ids, tokens, p, artifact))
+        per_miss.append(_miss_seconds(model, ids, tokens, tpot))
     med = statistics.median
-    return Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0), med(tpots)
+    layers = sparse_layers(model)
+    uses = len(layers) * layers[0].top_k
+    costs = Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0,
+                  lookup_s=max(0.0, (med(warm[None]) - med(resident)) / uses), miss_s=med(per_miss))
+    pcost = {}
+    for p in predictors:
+        extra = max(0.0, med(warm[p]) - med(warm[None]))
+        pcost[p] = {"per_step": extra} if p == "oracle" else {"per_prediction": extra / max(1, len(layers) - 1)}
+    return costs, pcost
+
+
+def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
+    """Compute-thread seconds per transfer started, from decode steps of a cache of top-k slots."""
+    top_k = sparse_layers(model)[0].top_k
+
+    def counters(new_tokens):
+        with offload(model, mode="on-demand", cache_capacity=top_k) as engine:
+            _generate(model, ids, new_tokens)
+            return engine.stats()
+
+    full, prefill = counters(tokens), counters(1)  # the difference is the decode steps
+    misses = (full["misses"] - prefill["misses"]) / (tokens - 1)
+    stall = (full["stall_s"] - prefill["stall_s"]) / (tokens - 1)
+    overhead = full["tpot_ms"]["median"] / 1e3 - resident_tpot - stall
+    return max(0.0, overhead / misses) if misses > 0 else 0.0
+
+
+def _warm_tpot(model, ids, tokens, predictor, artifact) -> float:
+    mode = "on-demand" if predictor is None else "router-preserving"
+    with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all") as engine:
+        _generate(model, ids, tokens)  # fills the cache
+        engine.reset_stats()
+        _generate(model, ids, tokens)
+        return engine.stats()["tpot_ms"]["median"] / 1e3
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:
@@ -193,41 +239,28 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact) -> dict:
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
-def predictor_costs(model, ids, tokens, predictors, artifact, repeats, resident_tpot) -> dict:
-    """Seconds one prediction costs (oracle: one look-ahead pass per step), from resident runs."""
-    n_predicting = len(sparse_layers(model)) - 1
-    out = {}
-    for p in predictors:
-        tpots = []
-        for _ in range(repeats):
-            with offload(model, mode="resident", predictor=p, artifact=artifact) as engine:
-                _generate(model, ids, tokens)
-                tpots.append(engine.stats()["tpot_ms"]["median"] / 1e3)
-        extra = max(0.0, statistics.median(tpots) - resident_tpot)
-        out[p] = {"per_step": extra} if p == "oracle" else {"per_prediction": extra / max(1, n_predicting)}
-    return out
-
-
 def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",
                 artifact=None, progress=True) -> dict:
     """Everything `evalsuite bench` reports for one model, as a JSON-ready dict."""
     model, ids, _ = load_bench_model(spec, layers, device)
     hybrid = artifact is not None and "estimator" in artifact.meta.get("predictors", ["estimator"])
     all_cases = cases(predictors, hybrid)
-    costs, resident_tpot = measure_costs(model, ids, tokens, repeats)
-    overhead = engine_overhead(model, ids, tokens, repeats)
     used = sorted({c.predictor for c in all_cases if c.predictor})
-    pcost = predictor_costs(model, ids, tokens, used, artifact, repeats, resident_tpot)
-    costs = replace(costs, handoff_s=handoff_seconds(device))
+    overhead = engine_overhead(model, ids, tokens, repeats)
+    handoff = handoff_seconds(device)
     reference = _generate(model, ids, tokens)
-    result = {"model": spec, "tokens": tokens, "repeats": repeats, "costs": costs.__dict__,
-              "engine_overhead": overhead, "predictor_costs": pcost, "configs": []}
-    total = len(links) * len(capacities) * repeats * len(all_cases)
+    result = {"model": spec, "tokens": tokens, "repeats": repeats, "engine_overhead": overhead,
+              "handoff_ms": handoff * 1e3, "configs": []}
+    total = len(links) * len(capacities) * repeats * (len(all_cases) + 1)
     bar = tqdm(total=total, desc=f"bench {Path(spec).name}", disable=not progress)
     for link in links:
         for capacity in capacities:
-            runs = {c: [] for c in all_cases}
+            # This machine's costs are measured inside the same interleaved loop as the cases,
+            # so the simulator and the bound see the machine as it was for this configuration.
+            runs, measured = {c: [] for c in all_cases}, []
             for _ in range(repeats):
+                measured.append(measure_costs(model, ids, tokens, 1, used, artifact))
+                bar.update(1)
                 for case in all_cases:
                     r = run_case(model, ids, tokens, case, link, capacity, artifact)
                     exact = case.mode in ("resident", "on-demand", "router-preserving")
@@ -235,9 +268,18 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
                     runs[case].append(r)
                     bar.update(1)
-            result["configs"].append(_summarise(runs, costs, pcost, link, capacity))
+            costs, pcost = _medians(measured)
+            result["configs"].append(_summarise(runs, replace(costs, handoff_s=handoff), pcost, link, capacity))
     bar.close()
     return result
+
+
+def _medians(measured: list[tuple[Costs, dict]]) -> tuple[Costs, dict]:
+    """Field-wise medians of per-repeat costs and predictor costs."""
+    med = statistics.median
+    costs = Costs(**{f: med(getattr(c, f) for c, _ in measured) for f in Costs.__dataclass_fields__})
+    pcost = {p: {k: med(m[p][k] for _, m in measured) for k in kinds} for p, kinds in measured[0][1].items()}
+    return costs, pcost
 
 
 def _summarise(runs, costs, pcost, link, capacity) -> dict:
@@ -264,6 +306,7 @@ def _summarise(runs, costs, pcost, link, capacity) -> dict:
     oracle = next(c for c in runs if c.predictor == "oracle")  # its look-ahead for free: prediction's ceiling
     free = simulate(runs[oracle][0]["trace"], link_costs, slots, "oracle").tpot_s
     return {"link": link, "capacity": capacity, "cache_experts": slots, "transfer_ms": transfer_s * 1e3,
+            "costs": link_costs.__dict__, "predictor_costs": pcost,
             "bound_tpot_ms": bound * 1e3, "oracle_free_tpot_ms": free * 1e3, "rows": rows,
             "traces": {c.label: rs[0]["trace"] for c, rs in runs.items()}}
 
@@ -271,12 +314,13 @@ def _summarise(runs, costs, pcost, link, capacity) -> dict:
 def format_result(result: dict) -> str:
     lines = [f"model {result['model']}: {result['tokens']} new tokens, batch 1, median of {result['repeats']}",
              "engine overhead (resident engine / unmodified model, tokens/s): "
-             f"{result['engine_overhead']['ratio']:.3f}",
-             "measured costs per token: dense part of a sparse layer {:.3f} ms, one expert {:.3f} ms, rest of "
-             "a step {:.3f} ms, waking a thread that waits for a copy {:.3f} ms".format(
-                 *(result["costs"][k] * 1e3 for k in ("dense_s", "expert_s", "step_s", "handoff_s")))]
+             f"{result['engine_overhead']['ratio']:.3f}; waking a thread that waits for a copy "
+             f"{result['handoff_ms']:.3f} ms"]
     for cfg in result["configs"]:
-        lines.append(f"\nlink {cfg['link']} ({cfg['transfer_ms']:.3f} ms per expert measured), cache "
+        lines.append("\nmeasured per token: dense part of a sparse layer {:.3f} ms, one expert {:.3f} ms, rest of a "
+                     "step {:.3f} ms; offloaded: bookkeeping per expert use {:.3f} ms, starting a transfer {:.3f} ms"
+                     .format(*(cfg["costs"][k] * 1e3 for k in ("dense_s", "expert_s", "step_s", "lookup_s", "miss_s"))))
+        lines.append(f"link {cfg['link']} ({cfg['transfer_ms']:.3f} ms per expert measured), cache "
                      f"{cfg['capacity']} = {cfg['cache_experts']} experts; "
                      f"overlap bound {cfg['bound_tpot_ms']:.2f} ms; "
                      f"oracle with a free look-ahead (simulated) {cfg['oracle_free_tpot_ms']:.2f} ms")

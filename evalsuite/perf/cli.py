@@ -75,11 +75,11 @@ def cmd_bench(args) -> int:
             for case_label, trace in cfg.pop("traces").items():
                 safe = case_label.replace("/", "-").replace(" ", "-")
                 trace.save(out / "traces" / f"{name}-{cfg['link']}-{cfg['capacity']}-{safe}.json")
-            measured = {k.replace("_s", "_ms"): v * 1e3 for k, v in result["costs"].items()
-                        if k in ("dense_s", "expert_s", "step_s", "handoff_s")}
-            measured.update(transfer_ms=cfg["transfer_ms"], predictor_ms={
-                p: c["per_prediction"] * 1e3 for p, c in result["predictor_costs"].items() if "per_prediction" in c},
-                predictor_step_ms={p: c["per_step"] * 1e3 for p, c in result["predictor_costs"].items()
+            measured = {k.replace("_s", "_ms"): v * 1e3 for k, v in cfg["costs"].items()
+                        if k in ("dense_s", "expert_s", "step_s", "handoff_s", "lookup_s", "miss_s", "transfer_s")}
+            measured.update(predictor_ms={
+                p: c["per_prediction"] * 1e3 for p, c in cfg["predictor_costs"].items() if "per_prediction" in c},
+                predictor_step_ms={p: c["per_step"] * 1e3 for p, c in cfg["predictor_costs"].items()
                                    if "per_step" in c})
             profile = {"name": f"{name} on this machine, link {cfg['link']} (measured by evalsuite bench)",
                        "measured": measured}
@@ -112,8 +112,8 @@ def cmd_simulate(args) -> int:
     name = args.model or trace.meta.get("model") or "the traced model"
     predictor = args.predictor or (trace.meta.get("predictor") if trace else None) or "gate"
     everything = []
-    for name in _list(args.profile):
-        profile = load_profile(name)
+    for spec in _list(args.profile):
+        profile = load_profile(spec)
         for capacity in [float(c) for c in _list(args.capacity)]:
             rows = project(fitted, shape, profile, capacity, predictor)
             title = (f"\n{name} on {profile.name}, cache {capacity:g} of experts "

@@ -9,7 +9,7 @@ their figures). Either rates, from which costs follow for any model shape:
 
 or costs measured on one machine for one model (what `evalsuite bench --profile-out` writes):
 
-    measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms,
+    measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms, lookup_ms, miss_ms,
                predictor_ms: {predictor: ms per prediction}, predictor_step_ms: {predictor: ms per step}}
 
 At batch 1 a decode step reads every weight it uses once, so a part's time is
@@ -87,7 +87,8 @@ def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | No
         per_step = m.get("predictor_step_ms", {})  # {predictor: ms per step} (an oracle's look-ahead)
         return Costs(dense_s=m["dense_ms"] / 1e3, expert_s=m["expert_ms"] / 1e3, step_s=m["step_ms"] / 1e3,
                      transfer_s=m["transfer_ms"] / 1e3, predictor_s=per_prediction.get(predictor, 0.0) / 1e3,
-                     predictor_step_s=per_step.get(predictor, 0.0) / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3)
+                     predictor_step_s=per_step.get(predictor, 0.0) / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
+                     lookup_s=m.get("lookup_ms", 0.0) / 1e3, miss_s=m.get("miss_ms", 0.0) / 1e3)
     bw = profile.memory_bandwidth_gbs * 1e9 * profile.bandwidth_efficiency
     flops = profile.peak_tflops * 1e12
 

@@ -41,6 +41,8 @@ class Costs:
     predictor_s: float = 0.0  # one prediction (made at every sparse layer but the last)
     predictor_step_s: float = 0.0  # per step (an oracle's look-ahead pass, when measured)
     handoff_s: float = 0.0  # added to every wait for a copy: waking the waiting thread (measured)
+    lookup_s: float = 0.0  # per expert use when offloaded: the cache's bookkeeping (measured)
+    miss_s: float = 0.0  # per transfer started: placing, evicting, queueing, on the compute thread (measured)
 
 
 @dataclass
@@ -155,7 +157,10 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
     t = compute = waited = predict = 0.0
     uses = hits = transfers = 0
     layer_s = None  # the scheduler's running estimate of router-to-router time
-    for step in trace.steps:
+    prefills = dict(trace.prefills)
+    for index, step in enumerate(trace.steps):
+        if index in prefills and mode != "resident":  # what the request's prefill left in the cache
+            _warm(cache, trace.layers, prefills[index])
         t += costs.predictor_step_s if predicting else 0.0
         predict += costs.predictor_step_s if predicting else 0.0
         last_router = None
@@ -185,10 +190,15 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
                             raise RuntimeError(f"no evictable slot for {key}")
                         link.submit(key, t, prefetch=False)
                         transfers += 1
+                        t += costs.miss_s
+                        compute += costs.miss_s
             if prefetch:  # behind this layer's demand loads, as the engine does
                 nxt = step[pos + 1]
                 ranked = list(nxt.native) if mode == "oracle" else (nxt.predicted or [])
-                transfers += _prefetch(cache, link, trace.layers[pos + 1], ranked[:budget], t, layer_s, window)
+                started = _prefetch(cache, link, trace.layers[pos + 1], ranked[:budget], t, layer_s, window)
+                transfers += started
+                t += started * costs.miss_s
+                compute += started * costs.miss_s
             for key in keys:
                 if mode != "resident":
                     ready = link.ready_at(key, t)
@@ -196,13 +206,25 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
                         ready += costs.handoff_s
                         waited += ready - t
                         t = ready
-                t += costs.expert_s
-                compute += costs.expert_s
+                spent = costs.expert_s + (costs.lookup_s if mode != "resident" else 0.0)
+                t += spent
+                compute += spent
         t += costs.step_s
         compute += costs.step_s
     n = max(len(trace.steps), 1)
     return Projection(mode, t / n, compute / n, waited / n, predict / n, hits / uses if uses else math.nan,
                       transfers / n)
+
+
+def _warm(cache: _Cache, layers, per_layer) -> None:
+    """The cache as a prefill leaves it: every layer's experts in order, the latest kept."""
+    for layer, experts in zip(layers, per_layer):
+        for e in experts:
+            key = (layer, e)
+            if key in cache.lru:
+                cache.touch(key)
+            else:
+                cache.place(key, math.inf)
 
 
 def _prefetch(cache: _Cache, link: _Link, layer: int, ranked, now: float, layer_s, window: bool) -> int:
@@ -228,7 +250,10 @@ def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int) -> float:
     """Σ_layers max(compute, link time of the on-demand misses) + rest, per token (seconds)."""
     cache = _Cache(capacity, _Link(0.0))
     total = 0.0
-    for step in trace.steps:
+    prefills = dict(trace.prefills)
+    for index, step in enumerate(trace.steps):
+        if index in prefills:
+            _warm(cache, trace.layers, prefills[index])
         for pos, routing in enumerate(step):
             keys = [(trace.layers[pos], e) for e in routing.native]
             misses = 0
@@ -238,12 +263,14 @@ def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int) -> float:
                 else:
                     cache.place(key, math.inf, busy=set(keys))
                     misses += 1
-            total += max(costs.dense_s + len(keys) * costs.expert_s, misses * costs.transfer_s)
+            compute = costs.dense_s + len(keys) * (costs.expert_s + costs.lookup_s)
+            total += max(compute, misses * costs.transfer_s)
         total += costs.step_s
     return total / max(len(trace.steps), 1)
 
 
-def gap_closed(tpot_on_demand: float, tpot_mode: float, tpot_bound: float) -> float | None:
-    """Share of the on-demand -> overlap-bound gap a mode closes (1 = at the bound)."""
+def gap_closed(tpot_on_demand: float, tpot_mode: float, tpot_bound: float, min_gap: float = 0.05) -> float | None:
+    """Share of the on-demand -> overlap-bound gap a mode closes (1 = at the bound); None when the
+    gap is under `min_gap` of on-demand's TPOT, where the share would only magnify noise."""
     gap = tpot_on_demand - tpot_bound
-    return (tpot_on_demand - tpot_mode) / gap if gap > 0 else None
+    return (tpot_on_demand - tpot_mode) / gap if gap > min_gap * tpot_on_demand else None

@@ -32,10 +32,13 @@ class RoutingTrace:
     top_k: int
     steps: list[list[LayerRouting]] = field(default_factory=list)  # decode steps x sparse layers
     meta: dict = field(default_factory=dict)
+    # per request: (index of its first decode step, experts its prefill ran per sparse layer);
+    # the prefill leaves those experts in the cache, which the simulator must know
+    prefills: list = field(default_factory=list)
 
     def save(self, path) -> None:
         data = {"layers": self.layers, "experts": self.experts, "top_k": self.top_k, "meta": self.meta,
-                "steps": [[asdict(r) for r in step] for step in self.steps]}
+                "steps": [[asdict(r) for r in step] for step in self.steps], "prefills": self.prefills}
         Path(path).write_text(json.dumps(data))
 
     @classmethod
@@ -43,7 +46,8 @@ class RoutingTrace:
         try:
             data = json.loads(Path(path).read_text())
             steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
-            return cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}))
+            return cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
+                       [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
                              "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
@@ -67,10 +71,12 @@ class TraceRecorder:
     def __init__(self, layers, experts: int, top_k: int, meta: dict):
         self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
         self._step: dict[int, LayerRouting] | None = None
+        self._prefill: dict[int, list[int]] | None = None
 
     def forward_started(self, decoding: bool, rows: int) -> None:
         self._flush()
         self._step = {} if decoding and rows == 1 else None
+        self._prefill = {} if not decoding and rows == 1 else None
 
     def native(self, layer: int, ids) -> None:
         if self._step is not None:
@@ -80,6 +86,8 @@ class TraceRecorder:
     def executed(self, layer: int, ids) -> None:
         if self._step is not None:
             self._step.setdefault(layer, LayerRouting([])).executed = list(ids)
+        elif self._prefill is not None:
+            self._prefill[layer] = list(ids)
 
     def predicted(self, layer: int, ranked) -> None:
         if self._step is not None:
@@ -88,7 +96,9 @@ class TraceRecorder:
     def _flush(self) -> None:
         if self._step and len(self._step) == len(self.trace.layers):
             self.trace.steps.append([self._step[l] for l in self.trace.layers])
-        self._step = None
+        if self._prefill and len(self._prefill) == len(self.trace.layers):
+            self.trace.prefills.append((len(self.trace.steps), [self._prefill[l] for l in self.trace.layers]))
+        self._step = self._prefill = None
 
     def result(self) -> RoutingTrace:
         self._flush()
@@ -101,11 +111,14 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
 
     Each layer keeps each of its previous step's experts with probability `reuse` and draws the
     rest uniformly; the prediction contains each native expert with probability `recall`
-    and fills up with experts drawn from the rest. Use the reuse and recall measured on a
-    recorded trace (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
+    and fills up with wrong guesses, which repeat the layer's previous wrong guesses with
+    probability `reuse` (a predictor's mistakes are as sticky as the routing) and are drawn
+    uniformly otherwise. Use the reuse and recall measured on a recorded trace
+    (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
     """
     rng = random.Random(seed)
     previous = [rng.sample(range(experts), top_k) for _ in range(layers)]
+    wrong_before: list[list[int]] = [[] for _ in range(layers)]
     trace = RoutingTrace(list(range(layers)), experts, top_k,
                          meta={"synthetic": True, "reuse": reuse, "recall": recall, "seed": seed})
     for _ in range(steps):
@@ -114,9 +127,14 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
             kept = [e for e in previous[pos] if rng.random() < reuse]
             rest = [e for e in range(experts) if e not in kept]
             native = sorted(kept + rng.sample(rest, top_k - len(kept)))
-            hit = [e for e in native if rng.random() < recall]
-            others = [e for e in range(experts) if e not in native]
-            predicted = hit + rng.sample(others, top_k - len(hit)) if pos > 0 else None
+            predicted = None
+            if pos > 0:
+                hit = [e for e in native if rng.random() < recall]
+                sticky = [e for e in wrong_before[pos] if e not in native and rng.random() < reuse]
+                wrong = sticky[: top_k - len(hit)]
+                others = [e for e in range(experts) if e not in native and e not in wrong]
+                wrong += rng.sample(others, top_k - len(hit) - len(wrong))
+                predicted, wrong_before[pos] = hit + wrong, wrong
             step.append(LayerRouting(native, None, predicted))
             previous[pos] = native
         trace.steps.append(step)

@@ -22,9 +22,9 @@ def extract_gsm8k_strict(text: str) -> str | None:
 
 
 def extract_yes_no(text: str) -> str | None:
-    """The first standalone yes/no word, lower-cased."""
-    match = YES_NO.search(text)
-    return match.group(1).lower() if match else None
+    """The last standalone yes/no word, lower-cased: a chain of thought ends with its verdict."""
+    matches = YES_NO.findall(text)
+    return matches[-1].lower() if matches else None
 
 
 def extract_last_boxed(text: str) -> str | None:

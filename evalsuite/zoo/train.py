@@ -1,6 +1,6 @@
 """Train the tiny MoE models on the generated corpus.
 
-    python -m evalsuite.zoo.train --model all --out models --seed 0 --minutes 40
+    python -m evalsuite.zoo.train --model all --out models --seed 0
 
 Batches are a pure function of (seed, step), so a run resumed from its
 checkpoint (--resume) sees exactly the data it would have seen uninterrupted.
@@ -37,10 +37,16 @@ def encode(tokenizer, item: dict) -> tuple[list[int], list[int]]:
 
 
 def make_batch(encoded: list, seed: int, step: int, rows: int, pad_id: int):
-    """Pack randomly drawn examples into `rows` rows of ROW_LEN tokens; deterministic in (seed, step)."""
+    """Pack randomly drawn examples into `rows` rows of ROW_LEN tokens; deterministic in (seed, step).
+
+    `weights` gives each loss-carrying token 1 / (its example's loss tokens), so
+    every example weighs the same: a one-token yes/no decision counts as much
+    as a whole worked solution.
+    """
     rng = random.Random(f"{seed}:batch:{step}")
     ids = torch.full((rows, ROW_LEN), pad_id, dtype=torch.long)
     labels = torch.full((rows, ROW_LEN), IGNORE, dtype=torch.long)
+    weights = torch.zeros((rows, ROW_LEN))
     mask = torch.zeros((rows, ROW_LEN), dtype=torch.long)
     for row in range(rows):
         pos = 0
@@ -48,11 +54,21 @@ def make_batch(encoded: list, seed: int, step: int, rows: int, pad_id: int):
             x, y = encoded[rng.randrange(len(encoded))]
             if pos + len(x) > ROW_LEN:
                 break
+            label = torch.tensor(y)
             ids[row, pos:pos + len(x)] = torch.tensor(x)
-            labels[row, pos:pos + len(x)] = torch.tensor(y)
+            labels[row, pos:pos + len(x)] = label
+            weights[row, pos:pos + len(x)] = (label != IGNORE) / (label != IGNORE).sum()
             mask[row, pos:pos + len(x)] = 1
             pos += len(x)
-    return ids, labels, mask
+    return ids, labels, weights, mask
+
+
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Mean over examples of each example's mean next-token cross-entropy."""
+    targets, w = labels[:, 1:], weights[:, 1:]
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    return (ce * w.flatten()).sum() / w.sum()
 
 
 def learning_rate(progress: float, peak: float, warmup: float = 0.03) -> float:
@@ -111,15 +127,15 @@ def train_one(kind: str, args) -> None:
         lr = learning_rate(progress, args.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        ids, labels, mask = make_batch(encoded, args.seed, step, args.batch, tokenizer.pad_token_id)
-        if kind == "qwen":  # Qwen3-MoE adds router_aux_loss_coef * its load-balancing loss itself
-            out = model(input_ids=ids, attention_mask=mask, labels=labels, output_router_logits=True)
-            loss, balance = out.loss, out.aux_loss
+        ids, labels, weights, mask = make_batch(encoded, args.seed, step, args.batch, tokenizer.pad_token_id)
+        if kind == "qwen":  # Qwen3-MoE computes its own load-balancing loss from the router logits
+            out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+            balance = out.aux_loss
         else:
             recorder.clear()
-            out = model(input_ids=ids, attention_mask=mask, labels=labels)
+            out = model(input_ids=ids, attention_mask=mask)
             balance = sigmoid_balance_loss(recorder.logits, mask, config.num_experts_per_tok)
-            loss = out.loss + BALANCE_LOSS_COEF * balance
+        loss = per_example_loss(out.logits, labels, weights) + BALANCE_LOSS_COEF * balance
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -158,8 +174,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--out", default="models", help="models are written to OUT/<name>/")
     parser.add_argument("--checkpoints", default="checkpoints", help="resumable state (git-ignored)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--minutes", type=float, default=40.0, help="wall-clock budget per model")
+    parser.add_argument("--steps", type=int, default=3400)
+    parser.add_argument("--minutes", type=float, default=45.0,
+                        help="wall-clock cap per model; on an idle core the step budget binds first")
     parser.add_argument("--batch", type=int, default=16, help="rows of %d tokens per step" % ROW_LEN)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--items-per-skill", type=int, default=40_000)
