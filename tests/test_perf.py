@@ -160,4 +160,4 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
         runs = store.runs()
         metrics = store.task_metrics(runs["id"].tolist())
     assert len(runs) == 5 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
-    assert {"tpot_ms", "gap_closed", "simulated_tpot_ms"} <= set(metrics["metric"])
+    assert {"tpot_ms", "ttft_ms", "simulated_tpot_ms", "sim_error", "bound_tpot_ms"} <= set(metrics["metric"])

@@ -48,7 +48,8 @@ def test_generates_well_formed_answers(shipped):
     model, tokenizer = shipped
     for item in heldout_items("yesno")[:3]:
         ids = tokenizer(item["prompt"], return_tensors="pt", add_special_tokens=False)["input_ids"]
-        out = model.generate(ids, max_new_tokens=8, do_sample=False)
+        out = model.generate(ids, max_new_tokens=96, do_sample=False)
         text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert text.rstrip().endswith(("So the answer is yes.", "So the answer is no."))  # the verdict form
         assert extract_yes_no(text) in ("yes", "no")
         assert out[0, -1].item() == tokenizer.eos_token_id  # stops by itself
