@@ -23,6 +23,12 @@ from .predict.predictors import LayerState
 SPECULATIVE = ("speculative", "hybrid")
 
 
+def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Per token: |top-k(predicted) ∩ native top-K| / K."""
+    top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
+    return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]
+
+
 class PredictionDriver:
     """Hooks on every sparse layer: score the last prediction, speculate, predict, prefetch."""
 
@@ -66,12 +72,15 @@ class PredictionDriver:
             self.scheduler.layer_started(pos)
         predicted = self.pending.pop(pos, None)
         replaced = None
-        if predicted is not None and engine.decoding:
-            self._record_recall(pos, predicted, ids)
-        if predicted is not None and engine.kinds is not None:  # prefill too: image tokens live there
+        # recall@k over decode tokens; by token kind over prefill too (image tokens live there)
+        if predicted is not None and (engine.decoding or engine.kinds is not None):
+            layer = engine.layers[pos].index
             for k in self.recall_ks:
-                top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(ids.device)
-                engine.kinds.count_recall(engine.record.kinds, k, engine.layers[pos].index, top, ids)
+                per_token = token_recall(predicted, ids, k)
+                if engine.decoding:
+                    self._add_recall(k, layer, per_token)
+                if engine.kinds is not None:
+                    engine.kinds.count_recall(engine.record.kinds, k, layer, per_token)
         if predicted is not None and self.speculates(pos):
             ids = predicted.topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)
@@ -98,14 +107,9 @@ class PredictionDriver:
             self.deferred = None
             self.scheduler.schedule(target, scores, self.horizon)
 
-    def _record_recall(self, pos, predicted, native_ids):
-        K = native_ids.shape[1]
-        layer = self.engine.layers[pos].index
-        for k in self.recall_ks:
-            top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
-            hits = (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / K
-            total, count = self.current.get((k, layer), (0.0, 0))
-            self.current[(k, layer)] = (hits.cpu() + total, count + 1)
+    def _add_recall(self, k: int, layer: int, per_token: torch.Tensor) -> None:
+        total, count = self.current.get((k, layer), (0.0, 0))
+        self.current[(k, layer)] = (per_token.cpu() + total, count + 1)
 
     def end_request(self) -> None:
         """Close the running request: each of its rows becomes one sample in the engine's record."""

@@ -52,12 +52,11 @@ class TokenKinds:
         for kind, mask in masks.items():
             counts.add_hits(kind, int(per_token[mask].sum()), int(mask.sum()) * top_k_index.shape[1])
 
-    def count_recall(self, counts: KindCounts, k: int, layer: int, top: torch.Tensor, native: torch.Tensor) -> None:
+    def count_recall(self, counts: KindCounts, k: int, layer: int, per_token: torch.Tensor) -> None:
         """Per kind: the summed per-token recall@k of a prediction, and the tokens it covers."""
-        masks = self.masks(native.shape[0])
+        masks = self.masks(per_token.shape[0])
         if not masks:
             return
-        per_token = (top.unsqueeze(-1) == native.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native.shape[1]
         for kind, mask in masks.items():
             if mask.any():
                 counts.add_recall(k, kind, layer, float(per_token[mask].sum()), int(mask.sum()))
