@@ -201,7 +201,8 @@ class Engine:
             for e in needed:
                 counters.expert_uses += 1
                 counters.hits += 1
-                self.hit_of[e] = True
+                if self.kinds is not None:
+                    self.hit_of[e] = True
                 yield e, {name: getattr(experts, name)[e] for name, _, _ in self.layout.fields}
             return
         waiting = deque((layer, e) for e in needed)
@@ -259,7 +260,8 @@ class Engine:
         counters.expert_uses += 1
         if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
             self.cache.forget(key)
-        self.hit_of[key[1]] = self.cache.resident(key)
+        if self.kinds is not None:  # which experts hit, for hit rate by token kind
+            self.hit_of[key[1]] = self.cache.resident(key)
         if self.cache.resident(key):
             counters.hits += 1
             if key in self._prefetched:
