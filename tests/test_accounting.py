@@ -63,3 +63,19 @@ def test_prefetch_turns_misses_into_hits():
         s = engine.stats()
     assert started == 24 and s["prefetches"] == 24 and s["misses"] == 0
     assert s["bytes_transferred"] == (s["misses"] + s["prefetches"]) * s["expert_bytes"]
+
+
+def test_resident_mode_computes_with_the_models_own_kernel_and_counts_every_use_a_hit(model_type="mixtral"):
+    ids, mask = batch(4, seq=24)
+    logits = {}
+    for kernel in ("eager", "grouped_mm"):
+        model = copy.deepcopy(reference_model(model_type, "bfloat16"))  # where the kernels round differently
+        model.set_experts_implementation(kernel)
+        with torch.no_grad():
+            logits[kernel] = model(input_ids=ids, attention_mask=mask).logits
+            with evalsuite.offload(model, mode="resident") as engine:
+                assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, logits[kernel])
+                stats = engine.stats()
+        assert model.config._experts_implementation == kernel  # handed back on close
+        assert stats["hits"] == stats["expert_uses"] > 0 and stats["misses"] == 0
+    assert not torch.equal(logits["eager"], logits["grouped_mm"])  # the kernels differ, so the test tells them apart

@@ -11,7 +11,7 @@ import time
 from collections import deque
 
 import torch
-from transformers.integrations.moe import ExpertsInterface
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from .. import arch
 from ..metrics import Counters, EngineRecord, RequestTiming
@@ -33,8 +33,12 @@ IMPLEMENTATION = "evalsuite"
 
 def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     engine, layer = experts._evalsuite
-    out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
-                      lambda needed: engine.weights_in_order(layer, experts, needed))
+    if engine.cache is None:  # resident: the model's own kernel computes, the engine only counts
+        engine.count_resident(layer, torch.unique(top_k_index).tolist())
+        out = engine.own_kernel(experts, hidden_states, top_k_index, top_k_weights)
+    else:
+        out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
+                          lambda needed: engine.weights_in_order(layer, experts, needed))
     if engine.kinds is not None and not engine.shadow:
         engine.kinds.count_hits(engine.record.kinds, top_k_index, engine.hit_of)
     return out
@@ -187,6 +191,23 @@ class Engine:
         return self.tracer.result()
 
     # ---- the hot path ---------------------------------------------------------------------
+    def own_kernel(self, experts, *args):
+        """The experts implementation the model had before the engine took over (eager, grouped_mm, ...)."""
+        if self._previous_impl in (None, "eager"):
+            return type(experts).forward.__wrapped__(experts, *args)  # the class's own loop
+        return ALL_EXPERTS_FUNCTIONS.get_interface(self._previous_impl, None)(experts, *args)
+
+    def count_resident(self, layer: int, needed: list[int]) -> None:
+        """Every expert a resident layer uses is a hit (nothing moves)."""
+        if self.shadow:  # the oracle's look-ahead counts nothing
+            return
+        if self.tracer is not None:
+            self.tracer.executed(layer, needed)
+        counters = self.record.counters[layer]
+        counters.expert_uses += len(needed)
+        counters.hits += len(needed)
+        self.hit_of = dict.fromkeys(needed, True) if self.kinds is not None else {}
+
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
         counters = self.record.counters[layer]
@@ -196,14 +217,6 @@ class Engine:
         if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
-            return
-        if self.cache is None:
-            for e in needed:
-                counters.expert_uses += 1
-                counters.hits += 1
-                if self.kinds is not None:
-                    self.hit_of[e] = True
-                yield e, {name: getattr(experts, name)[e] for name, _, _ in self.layout.fields}
             return
         waiting = deque((layer, e) for e in needed)
         protect = set(waiting)
