@@ -117,20 +117,22 @@ class LayerClock:
             h.remove()
 
 
-def measure_costs(model, ids, tokens: int, repeats: int, predictors=(), artifact=None) -> tuple[Costs, dict]:
-    """This machine's Costs (link time left 0) and each predictor's cost, medians of interleaved repeats.
+def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None) -> tuple[Costs, dict]:
+    """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
 
     Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
     the rest of a step. Engines whose cache holds every expert and is already warm then
     isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
-    and each predictor's cost (warm router-preserving minus warm on-demand: prediction,
-    scheduling, and the oracle's look-ahead pass), with no transfer in either. A cold engine
-    with the smallest cache and no link emulation, where nearly every use misses, gives what
-    starting one transfer costs the compute thread (its TPOT minus resident and minus the
-    time it waited, per transfer).
+    and each predicting case's own cost (warm case minus warm on-demand: prediction,
+    scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
+    any. A cold engine with the smallest cache and no link emulation, where nearly every use
+    misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
+    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
+    or "per_step": seconds}}).
     """
-    dense, expert, step, resident, warm, per_miss = [], [], [], [], {None: []}, []
-    warm.update({p: [] for p in predictors})
+    predicting = [c for c in all_cases if c.predictor is not None]
+    dense, expert, step, resident, per_miss = [], [], [], [], []
+    warm = {c.label: [] for c in [Case("on-demand", "on-demand"), *predicting]}
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
             clock = LayerClock(engine)
@@ -143,19 +145,21 @@ def measure_costs(model, ids, tokens: int, repeats: int, predictors=(), artifact
         expert.append(sum(clock.experts_s) / sum(clock.experts_run))
         step.append(tpot - sum(clock.layer_s) / steps)
         resident.append(tpot)
-        for p in warm:
-            warm[p].append(_warm_tpot(model, ids, tokens, p, artifact))
+        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact))
+        for case in predicting:
+            warm[case.label].append(_warm_tpot(model, ids, tokens, case.mode, case.predictor, artifact))
         per_miss.append(_miss_seconds(model, ids, tokens, tpot))
     med = statistics.median
     layers = sparse_layers(model)
     uses = len(layers) * layers[0].top_k
     costs = Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0,
-                  lookup_s=max(0.0, (med(warm[None]) - med(resident)) / uses), miss_s=med(per_miss))
-    pcost = {}
-    for p in predictors:
-        extra = max(0.0, med(warm[p]) - med(warm[None]))
-        pcost[p] = {"per_step": extra} if p == "oracle" else {"per_prediction": extra / max(1, len(layers) - 1)}
-    return costs, pcost
+                  lookup_s=max(0.0, (med(warm["on-demand"]) - med(resident)) / uses), miss_s=med(per_miss))
+    case_costs = {}
+    for case in predicting:
+        extra = max(0.0, med(warm[case.label]) - med(warm["on-demand"]))
+        case_costs[case.label] = {"per_step": extra} if case.predictor == "oracle" else \
+            {"per_prediction": extra / max(1, len(layers) - 1)}
+    return costs, case_costs
 
 
 def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
@@ -174,8 +178,7 @@ def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
     return max(0.0, overhead / misses) if misses > 0 else 0.0
 
 
-def _warm_tpot(model, ids, tokens, predictor, artifact) -> float:
-    mode = "on-demand" if predictor is None else "router-preserving"
+def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
     with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all") as engine:
         _generate(model, ids, tokens)  # fills the cache
         engine.reset_stats()
@@ -249,7 +252,6 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
     model, ids, _ = load_bench_model(spec, layers, device)
     hybrid = artifact is not None and "estimator" in artifact.meta.get("predictors", ["estimator"])
     all_cases = cases(predictors, hybrid)
-    used = sorted({c.predictor for c in all_cases if c.predictor})
     overhead = engine_overhead(model, ids, tokens, repeats)
     handoff = handoff_seconds(device)
     reference = _generate(model, ids, tokens)
@@ -263,7 +265,7 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
             # so the simulator and the bound see the machine as it was for this configuration.
             runs, measured = {c: [] for c in all_cases}, []
             for _ in range(repeats):
-                measured.append(measure_costs(model, ids, tokens, 1, used, artifact))
+                measured.append(measure_costs(model, ids, tokens, 1, all_cases, artifact))
                 bar.update(1)
                 for case in all_cases:
                     r = run_case(model, ids, tokens, case, link, capacity, artifact)
@@ -272,8 +274,8 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
                     runs[case].append(r)
                     bar.update(1)
-            costs, pcost = _medians(measured)
-            result["configs"].append(_summarise(runs, replace(costs, handoff_s=handoff), pcost, link, capacity))
+            measured = [(replace(c, handoff_s=handoff), p) for c, p in measured]
+            result["configs"].append(_summarise(runs, measured, link, capacity))
     bar.close()
     return result
 
@@ -282,12 +284,22 @@ def _medians(measured: list[tuple[Costs, dict]]) -> tuple[Costs, dict]:
     """Field-wise medians of per-repeat costs and predictor costs."""
     med = statistics.median
     costs = Costs(**{f: med(getattr(c, f) for c, _ in measured) for f in Costs.__dataclass_fields__})
-    pcost = {p: {k: med(m[p][k] for _, m in measured) for k in kinds} for p, kinds in measured[0][1].items()}
+    pcost = {c: {k: med(m[c][k] for _, m in measured) for k in kinds} for c, kinds in measured[0][1].items()}
     return costs, pcost
 
 
-def _summarise(runs, costs, pcost, link, capacity) -> dict:
+def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float) -> Costs:
+    c = pcost.get(case.label, {})
+    return replace(costs, transfer_s=transfer_s, predictor_s=c.get("per_prediction", 0.0),
+                   predictor_step_s=c.get("per_step", 0.0))
+
+
+def _summarise(runs, measured, link, capacity) -> dict:
+    """Per case: medians of the measured repeats, and the simulator's error paired per repeat (each
+    repeat's costs were measured right before its cases ran, so a drift of this machine's speed
+    between repeats does not count as a simulator error)."""
     med = statistics.median
+    costs, pcost = _medians(measured)
     transfer_s = med([r["transfer_s"] for rs in runs.values() for r in rs if r["transfer_s"]] or [0.0])
     link_costs = replace(costs, transfer_s=transfer_s)
     on_demand = next(c for c in runs if c.mode == "on-demand")
@@ -296,21 +308,20 @@ def _summarise(runs, costs, pcost, link, capacity) -> dict:
     rows = []
     od_tpot = med(r["tpot_s"] for r in runs[on_demand])
     for case, rs in runs.items():
-        c = pcost.get(case.predictor, {})
-        case_costs = replace(link_costs, predictor_s=c.get("per_prediction", 0.0),
-                             predictor_step_s=c.get("per_step", 0.0))
-        simulated = simulate(rs[0]["trace"], case_costs, slots, case.sim_mode).tpot_s
+        simulated = [simulate(r["trace"], _case_costs(m, p, case, transfer_s), slots,
+                              case.sim_mode).tpot_s for r, (m, p) in zip(rs, measured)]
         tpot = med(r["tpot_s"] for r in rs)
         rows.append({"case": case.label, "mode": case.mode, "predictor": case.predictor, "tpot_ms": tpot * 1e3,
                      "ttft_ms": med(r["ttft_s"] for r in rs) * 1e3,
                      "hit_rate": med(r["hit_rate"] for r in rs) if case.mode != "resident" else 1.0,
                      "stall_ms_per_token": med(r["stall_ms_per_token"] or 0.0 for r in rs),
                      "gap_closed": gap_closed(od_tpot, tpot, bound) if case.mode != "resident" else None,
-                     "simulated_tpot_ms": simulated * 1e3, "sim_error": simulated / tpot - 1})
+                     "simulated_tpot_ms": med(simulated) * 1e3,
+                     "sim_error": med(sim / r["tpot_s"] - 1 for sim, r in zip(simulated, rs))})
     oracle = next(c for c in runs if c.predictor == "oracle")  # its look-ahead for free: prediction's ceiling
     free = simulate(runs[oracle][0]["trace"], link_costs, slots, "oracle").tpot_s
     return {"link": link, "capacity": capacity, "cache_experts": slots, "transfer_ms": transfer_s * 1e3,
-            "costs": link_costs.__dict__, "predictor_costs": pcost,
+            "costs": link_costs.__dict__, "case_costs": pcost,
             "bound_tpot_ms": bound * 1e3, "oracle_free_tpot_ms": free * 1e3, "rows": rows,
             "traces": {c.label: rs[0]["trace"] for c, rs in runs.items()}}
 

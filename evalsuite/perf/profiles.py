@@ -10,7 +10,10 @@ their figures). Either rates, from which costs follow for any model shape:
 or costs measured on one machine for one model (what `evalsuite bench --profile-out` writes):
 
     measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms, lookup_ms, miss_ms,
-               predictor_ms: {predictor: ms per prediction}, predictor_step_ms: {predictor: ms per step}}
+               predictor_ms: {case: ms per prediction}, predictor_step_ms: {case: ms per step}}
+
+    where a case is `<mode>/<predictor>` (router-preserving/gate, speculative/quasi), `hybrid` or
+    `oracle prefetch`: a prediction costs what the mode does around it too.
 
 At batch 1 a decode step reads every weight it uses once, so a part's time is
 max(bytes / effective bandwidth, flops / peak) plus its fixed overhead.
@@ -79,15 +82,27 @@ def predictor_bytes(predictor: str | None, shape: ModelShape, rank: int = 64, hi
     return (gate + extra) * WEIGHT_BYTES
 
 
-def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | None = None) -> Costs:
-    """Per-token Costs of `shape` on `profile` (a measured profile ignores the shape)."""
+def case_label(mode: str | None, predictor: str | None) -> str | None:
+    """The bench's name for a (mode, predictor) case, which keys a measured profile's prediction costs."""
+    if predictor is None:
+        return None
+    if predictor == "oracle":
+        return "oracle prefetch"
+    return "hybrid" if mode == "hybrid" else f"{mode or 'router-preserving'}/{predictor}"
+
+
+def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | None = None,
+          mode: str | None = None) -> Costs:
+    """Per-token Costs of `shape` on `profile` (a measured profile ignores the shape); a measured
+    profile prices the prediction of `mode` (default router-preserving) with `predictor`."""
     if profile.measured is not None:
         m = profile.measured
-        per_prediction = m.get("predictor_ms", {})  # {predictor: ms per prediction}
-        per_step = m.get("predictor_step_ms", {})  # {predictor: ms per step} (an oracle's look-ahead)
+        label = case_label(mode, predictor)
+        per_prediction = m.get("predictor_ms", {}).get(label, 0.0)  # {case: ms per prediction}
+        per_step = m.get("predictor_step_ms", {}).get(label, 0.0)  # {case: ms per step} (an oracle's look-ahead)
         return Costs(dense_s=m["dense_ms"] / 1e3, expert_s=m["expert_ms"] / 1e3, step_s=m["step_ms"] / 1e3,
-                     transfer_s=m["transfer_ms"] / 1e3, predictor_s=per_prediction.get(predictor, 0.0) / 1e3,
-                     predictor_step_s=per_step.get(predictor, 0.0) / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
+                     transfer_s=m["transfer_ms"] / 1e3, predictor_s=per_prediction / 1e3,
+                     predictor_step_s=per_step / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
                      lookup_s=m.get("lookup_ms", 0.0) / 1e3, miss_s=m.get("miss_ms", 0.0) / 1e3)
     bw = profile.memory_bandwidth_gbs * 1e9 * profile.bandwidth_efficiency
     flops = profile.peak_tflops * 1e12

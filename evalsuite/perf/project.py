@@ -47,7 +47,8 @@ def project(trace: RoutingTrace, shape: ModelShape | None, profile: Profile, cap
     base = costs(profile, shape, predictor)
     rows, on_demand = [], None
     for mode in modes:
-        c = replace(base, predictor_s=0.0) if mode in ("resident", "on-demand", "oracle") else base
+        c = replace(base, predictor_s=0.0) if mode in ("resident", "on-demand", "oracle") else \
+            costs(profile, shape, predictor, mode)
         p = simulate(trace, c, slots, mode)
         on_demand = p.tpot_s if mode == "on-demand" else on_demand
         rows.append({"mode": mode, "predictor": None if mode in ("resident", "on-demand") else
