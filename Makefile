@@ -25,7 +25,7 @@ EVAL_ARGS = $(if $(MODEL),--model $(MODEL)) --modes $(MODE) --predictor $(PREDIC
 GATE_DB  = sqlite:///results/gate.db
 GATE_LIMIT ?= 20
 
-.PHONY: eval test gate report bench tiny-models clean
+.PHONY: eval test gate report bench sweep tiny-models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,13 +43,24 @@ test: $(STAMP)
 # The project's own gates (gates.yaml) on fresh runs of the shipped tiny models.
 gate: $(STAMP)
 	mkdir -p results && rm -f results/gate.db
-	$(BIN)/evalsuite eval --modes resident,on-demand,router-preserving,speculative --predictor gate \
+	$(BIN)/evalsuite eval --model models/tiny-qwen3-moe,models/tiny-glm4-moe \
+		--modes resident,on-demand,router-preserving,speculative --predictor gate \
 		--tasks evalsuite_arith,evalsuite_yesno --limit $(GATE_LIMIT) --cache-capacity 0.25 --link ufs4 \
+		--db $(GATE_DB) --out results/gate
+	$(BIN)/evalsuite eval --model models/tiny-qwen3-vl-moe \
+		--modes resident,on-demand,router-preserving,speculative --predictor gate \
+		--tasks evalsuite_vision --limit $(GATE_LIMIT) --cache-capacity 0.25 --link ufs4 \
 		--db $(GATE_DB) --out results/gate
 	$(BIN)/evalsuite gate --config gates.yaml --db $(GATE_DB)
 
 report: $(STAMP)
 	$(BIN)/evalsuite report $(if $(DB),--db $(DB)) --out results/report
+
+# A declarative grid (docs/sweeps.md): make sweep SWEEP=file.yaml [RAY=auto|local|ray://head:10001] [DB=url]
+SWEEP ?= sweeps/tiny.yaml
+RAY   ?=
+sweep: $(STAMP)
+	$(BIN)/evalsuite sweep $(SWEEP) $(if $(RAY),--ray $(RAY)) $(if $(DB),--db $(DB))
 
 # Decode TPOT of every mode vs the overlap bound, engine overhead, simulator check (docs/performance.md).
 bench: $(STAMP)
@@ -58,10 +69,12 @@ bench: $(STAMP)
 	$(BIN)/evalsuite bench --models qwen3-30b-a3b --links pcie4,sdcard --capacities 0.25 --tokens 8 \
 		--out results/bench/qwen3-30b-a3b
 
-# Both shipped models from seed 0, in parallel (one thread each); --resume continues a cut-off run.
+# The shipped models from seed 0: the two text models in parallel (one thread each), then the
+# vision-language one; --resume continues a cut-off run.
 tiny-models: $(STAMP)
 	$(BIN)/evalsuite train-tiny --model qwen --out models --seed 0 --resume & \
 	$(BIN)/evalsuite train-tiny --model glm --out models --seed 0 --resume & wait
+	$(BIN)/evalsuite train-tiny --model vl --out models --seed 0 --resume
 
 clean:
 	rm -rf $(VENV) *.egg-info

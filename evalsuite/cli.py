@@ -94,7 +94,7 @@ def cmd_eval(args) -> int:
     models = args.model.split(",") if args.model else default_models()
     if args.data_dir:
         os.environ["EVALSUITE_DATA_DIR"] = os.path.abspath(args.data_dir)
-    tasks = args.tasks.split(",") if args.tasks else default_tasks()
+    tasks = args.tasks.split(",") if args.tasks else {model: default_tasks(model) for model in models}
     rows = run_suite(models, args.modes.split(","), tasks, args.limit, predictor=args.predictor,
                      predictor_path=args.predictor_path, cache_capacity=args.cache_capacity, link=args.link,
                      db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
@@ -103,22 +103,48 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from .results import ResultsDB
+    from .results.cli import format_pareto
+    from .results.report import pareto_table, summary_table, sweep_runs
+    from .sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.file)
+    if args.retries is not None:
+        sweep.retries = args.retries
+    outcome = run_sweep(sweep, db_url=args.db, ray_address=args.ray, workers=args.workers)
+    with ResultsDB(args.db or sweep.db) as db:
+        runs = sweep_runs(db.runs(status="complete"), sweep.name)
+        ids = runs["id"].tolist()
+        summary = summary_table(runs, db.task_metrics(ids), db.engine_metrics(ids))
+    print(f"sweep {sweep.name}: {len(outcome.done)} cells ran, {len(outcome.skipped)} already stored, "
+          f"{len(outcome.failed)} failed")
+    print(format_pareto(pareto_table(summary)))
+    for label, error in outcome.failed.items():
+        print(f"  failed: {label}: {error}", file=sys.stderr)
+    return 1 if outcome.failed else 0
+
+
 def default_models() -> list[str]:
     import os
 
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
-    return [os.path.join(root, name) for name in ("tiny-qwen3-moe", "tiny-glm4-moe")]
+    return [os.path.join(root, name) for name in ("tiny-qwen3-moe", "tiny-glm4-moe", "tiny-qwen3-vl-moe")]
 
 
-def default_tasks() -> list[str]:
-    """The project's own tasks, plus the real benchmarks when their data directory is set (AIME and
-    HumanEval are left to explicit --tasks: their long generations dwarf everything else)."""
+def default_tasks(model: str) -> list[str]:
+    """The project's own tasks for the model's kind (text or vision-language), plus the real
+    benchmarks when their data directory is set (AIME and HumanEval are left to explicit --tasks:
+    their long generations dwarf everything else)."""
     import os
 
+    from .lm.suite import is_vision_language
+
+    benchmarks = bool(os.environ.get("EVALSUITE_DATA_DIR"))
+    if is_vision_language(model):
+        return ["evalsuite_vision"] + (["mathvision_testmini_es"] if benchmarks else [])
     tasks = ["evalsuite_arith", "evalsuite_yesno", "evalsuite_code", "evalsuite_boxed"]
-    if os.environ.get("EVALSUITE_DATA_DIR"):
-        tasks += ["gsm8k_es", "strategyqa_es_cot", "strategyqa_es_mc"]
-    return tasks
+    return tasks + (["gsm8k_es", "strategyqa_es_cot", "strategyqa_es_mc"] if benchmarks else [])
 
 
 def cmd_train_tiny(args) -> int:
@@ -174,6 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(e)
     e.set_defaults(run=cmd_eval, cache_capacity=0.25, predictor="gate")
 
+    w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
+                                     "here or on Ray; skips cells already stored")
+    w.add_argument("file", help="sweep YAML (docs/sweeps.md)")
+    w.add_argument("--ray", metavar="ADDRESS", help="run each cell as a Ray task: 'auto', 'ray://host:10001', "
+                                                    "or 'local' (start Ray here)")
+    w.add_argument("--db", help="results database URL (default: the file's `db`, else EVALSUITE_DB or "
+                                "sqlite:///results/results.db); a Ray cluster needs PostgreSQL")
+    w.add_argument("--workers", type=int, help="local cells at once (processes; default: the file's `workers`)")
+    w.add_argument("--retries", type=int, help="extra attempts for a failed cell (default: the file's `retries`)")
+    w.set_defaults(run=cmd_sweep)
+
     from .results.cli import add_commands
 
     add_commands(sub)  # runs, report, compare, gate
@@ -188,7 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if getattr(args, "run", None) is cmd_train_tiny:  # its options belong to evalsuite.zoo.train
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError, OSError) as exc:  # bad input: one line, exit 2

@@ -11,7 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_yesno  # noqa: E402,F401
+from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_vision, score_yesno  # noqa: E402,F401
 from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
     boxed_integer_filter, gsm8k_flexible_filter, gsm8k_strict_filter, keep_all_generations,
     score_aime, score_gsm8k, score_humaneval, score_yes_no, yes_no_filter,
@@ -19,7 +19,9 @@ from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
 from evalsuite.scoring.datasets import (  # noqa: E402,F401
     load_aime24, load_aime25, load_aime_1983_2024, load_gsm8k, load_humaneval, load_strategyqa,
 )
-from evalsuite.scoring.heldout import load_arith, load_boxed, load_code, load_yesno  # noqa: E402,F401
+from evalsuite.scoring.heldout import (  # noqa: E402,F401
+    load_arith, load_boxed, load_code, load_vision, load_yesno, vision_doc_to_image,
+)
 from evalsuite.scoring.mathvision import (  # noqa: E402,F401
     doc_to_image as mathvision_doc_to_image, doc_to_text as mathvision_doc_to_text, load_mathvision_testmini,
     score_mathvision,

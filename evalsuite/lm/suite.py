@@ -1,6 +1,7 @@
 """`evalsuite eval` (and `make eval`): models x modes x tasks through lm-eval, one table.
 
-Each (model, mode) is one lm-eval run of the `specmoe` model over all tasks; results go to the
+Each (model, mode) is one lm-eval run of the `specmoe` model (`specmoe-vlm` for a vision-language
+model) over its tasks; results go to the
 results database (and lm-eval's JSON). Speculative runs are compared with the resident run
 of the same model sample by sample: first differing generated token, share of identical ones.
 """
@@ -16,8 +17,17 @@ from ..metrics import token_divergence
 from ..results.provenance import git_commit
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
-SEED = 0  # lm-eval's random seed (few-shot sampling, sampled generation)
+SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
 TASKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
+
+
+def is_vision_language(model: str) -> bool:
+    """A model directory whose config has a vision tower (run through specmoe-vlm)."""
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        return False  # run_suite reports the missing model
+    with open(path) as f:
+        return "vision_config" in json.load(f)
 
 
 def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
@@ -66,14 +76,17 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
 
 
 def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
-              db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print) -> list[dict]:
-    """Evaluate every (model, mode) over `tasks`; each task lands in the database as soon as it is done.
+              db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
+              extra_config: dict | None = None) -> list[dict]:
+    """Evaluate every (model, mode) over `tasks` (a list for all models, or a dict: model -> its tasks);
+    each task lands in the database as soon as it is done.
 
     A run made earlier with exactly the same configuration (model fingerprint, mode, predictor and
     artifact, cache, link, limit, tasks, code version) is resumed: its stored tasks are kept and only
     the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
     stored once. A task cut off mid-way is run again whole, so its engine metrics stay complete.
-    `fresh=True` always starts new runs."""
+    `fresh=True` always starts new runs. `extra_config` is stored with each run's configuration (a sweep
+    names its cell there)."""
     import lm_eval
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
@@ -82,7 +95,8 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
     from ..results import ResultsDB
 
     manager = TaskManager(include_path=TASKS_DIR)
-    unknown = [t for t in tasks if t not in manager.all_tasks]
+    tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
+    unknown = sorted({t for ts in tasks_of.values() for t in ts if t not in manager.all_tasks})
     if unknown:
         raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
                          "(or `lm_eval ls tasks --include_path tasks`)")
@@ -93,21 +107,23 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                                     "(make eval MODEL=DIR), or train the shipped ones with `make tiny-models`")
     rows = []
     for model in models:
+        tasks = tasks_of[model]
+        adapter = "specmoe-vlm" if is_vision_language(model) else "specmoe"
         tokenizer = AutoTokenizer.from_pretrained(model)
         reference: dict[str, dict] = {}
         for mode in modes:
             name = os.path.basename(model.rstrip("/"))
             args = model_args(model, mode, predictor, predictor_path, cache_capacity, link)
-            lm = get_model("specmoe").create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
+            lm = get_model(adapter).create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
             # a local directory is known by its name, so gates and reports work from any checkout
             config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
-                      "predictor_artifact": file_hash(predictor_path), "seed": SEED,
+                      "predictor_artifact": file_hash(predictor_path), "seed": seed,
                       "cache_capacity": str(cache_capacity) if mode != "resident" else None,
                       "cache_policy": "lru" if mode != "resident" else None, "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
-                      "git_commit": git_commit(), "evalsuite_version": __version__}
+                      "git_commit": git_commit(), "evalsuite_version": __version__, **(extra_config or {})}
             run_id, done = open_run(db, config, fresh, progress)
             status = "failed"
             try:
@@ -122,7 +138,8 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                     progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
                     started = time.time()
                     results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True,
-                                                      task_manager=manager, random_seed=SEED,
+                                                      task_manager=manager, random_seed=seed,
+                                                      numpy_random_seed=seed, torch_random_seed=seed,
                                                       confirm_run_unsafe_code=confirm_run_unsafe_code)
                     if mode == "resident":
                         reference[task] = results
@@ -195,12 +212,13 @@ def load_json(out_dir: str, stem: str) -> dict | None:
 
 def format_rows(rows) -> str:
     numbers = ("accuracy", "recall", "hit rate", "TPOT ms", "same tok")
-    header = f"{'model':<16}{'task':<22}{'mode':<19}" + "".join(f"{n:>10}" for n in numbers)
+    wide = {k: max([len(k)] + [len(str(r[k])) for r in rows]) + 2 for k in ("model", "task", "mode")}
+    header = "".join(f"{k:<{wide[k]}}" for k in wide) + "".join(f"{n:>10}" for n in numbers)
     lines = [header, "-" * len(header)]
     for r in rows:
         cells = (_fmt(r["accuracy"]), _fmt(r["recall"]), _fmt(r["hit_rate"]), _fmt(r["tpot_ms"], 2),
                  _fmt(r["identical_share"]))
-        lines.append(f"{r['model']:<16}{r['task']:<22}{r['mode']:<19}" + "".join(f"{c:>10}" for c in cells))
+        lines.append("".join(f"{r[k]:<{wide[k]}}" for k in wide) + "".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
 
 

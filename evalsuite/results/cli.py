@@ -42,12 +42,27 @@ def cmd_report(args) -> int:
     from .report import report
 
     with _open(args) as db:
-        made = report(db, args.out)
+        made = report(db, args.out, sweep=args.sweep)
+    print(format_pareto(made["tables"]["pareto"]))
     print(f"wrote {made['html']} ({len(made['plots'])} plots, tables: "
           + ", ".join(f"{n}.csv" for n in made["tables"]) + ")")
     for note in made["notes"]:
         print(f"  skipped {note}")
     return 0
+
+
+def format_pareto(front) -> str:
+    """The Pareto fronts as text: one block per model, by rising TPOT."""
+    if front.empty:
+        return "Pareto fronts: no run has both an accuracy and a TPOT"
+    lines = ["Pareto fronts (accuracy vs TPOT, per model):"]
+    for model, part in front.groupby("model", sort=True):
+        lines.append(f"  {model}")
+        for row in part.itertuples(index=False):
+            setting = " / ".join(str(v) for v in (row.mode, row.predictor, row.cache_capacity, row.link)
+                                 if v is not None and v == v)
+            lines.append(f"    run {row.id:<5} {setting:<45} accuracy {row.accuracy:.3f}  TPOT {row.tpot_ms:.2f} ms")
+    return "\n".join(lines)
 
 
 def cmd_compare(args) -> int:
@@ -81,6 +96,7 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("report", help="CSV tables, plots and an HTML page over all stored runs")
     p.add_argument("--out", default=os.path.join("results", "report"), help="output folder")
+    p.add_argument("--sweep", help="only the runs of this sweep (its `name`)")
     p.set_defaults(run=cmd_report)
 
     p = subparsers.add_parser("compare", help="run B vs run A per task: delta, paired test, bootstrap CI")

@@ -11,11 +11,10 @@ A rule whose selectors match no run fails and says so.
 from __future__ import annotations
 
 import math
-import os
 
 import pandas as pd
-import yaml
 
+from ..yaml_file import read_yaml
 from .compare import compare, smallest_k
 
 _RUN_SELECTOR_KEYS = {"id", "model", "model_fingerprint", "mode", "predictor", "predictor_artifact", "cache_capacity",
@@ -29,13 +28,7 @@ class RuleError(ValueError):
 
 
 def load_rules(config_path: str) -> list[dict]:
-    if not os.path.exists(config_path):
-        raise FileNotFoundError(f"gates file {config_path} not found; pass --config PATH (see docs/results.md)")
-    with open(config_path) as f:
-        try:
-            rules = yaml.safe_load(f)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"gates file {config_path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    rules = read_yaml(config_path, "gates file", "docs/results.md")
     if isinstance(rules, dict) and "gates" in rules:
         rules = rules["gates"]
     if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import json
 import os
 from datetime import datetime, timezone
 
@@ -41,22 +42,49 @@ def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.Dat
     return table.reset_index().rename(columns={"index": "id"})
 
 
+def sweep_runs(runs: pd.DataFrame, sweep: str) -> pd.DataFrame:
+    """The runs a sweep (evalsuite.sweep) stored: their configuration names the sweep."""
+    def named(config) -> bool:
+        config = json.loads(config) if isinstance(config, str) else (config or {})
+        return config.get("sweep") == sweep
+    return runs[runs["config"].map(named)] if not runs.empty else runs
+
+
+def pareto_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per model, the runs no other run of that model beats on both lower TPOT and higher accuracy
+    (mean main metric over the run's tasks), by rising TPOT. Runs without both numbers are left out."""
+    data = summary.dropna(subset=["accuracy", "tpot_ms"])
+    fronts = [part.iloc[plots.pareto_front(part["tpot_ms"], part["accuracy"])]
+              for _, part in data.groupby(data["model"].astype(str), sort=True)]
+    columns = ["model", "id", "mode", "predictor", "cache_capacity", "link", "accuracy", "tpot_ms", "recall_at_k",
+               "hit_rate"]
+    return pd.concat(fronts)[columns] if fronts else pd.DataFrame(columns=columns)
+
+
 def _html_table(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0, classes="t")
 
 
-def report(db, out_dir: str = os.path.join("results", "report")) -> dict:
-    """Write CSVs, PNGs and index.html to out_dir; returns {'html', 'tables', 'plots', 'notes'}."""
+def report(db, out_dir: str = os.path.join("results", "report"), sweep: str | None = None) -> dict:
+    """Write CSVs, PNGs and index.html to out_dir (only `sweep`'s runs when given); returns
+    {'html', 'tables', 'plots', 'notes'}."""
     os.makedirs(out_dir, exist_ok=True)
     runs = db.runs()
-    task_metrics, engine = db.task_metrics(), db.engine_metrics()
+    if sweep is not None:
+        runs = sweep_runs(runs, sweep)
+        if runs.empty:
+            raise ValueError(f"no runs of sweep {sweep!r} in {db.url}; `evalsuite sweep FILE` stores them")
+    ids = runs["id"].tolist()
+    task_metrics, engine = db.task_metrics(ids), db.engine_metrics(ids)
     labels = runs[_RUN_LABELS].rename(columns={"id": "run_id"})
     tables = {
         "runs": runs.drop(columns=["config", "writer_pid", "writer_host", "writer_start"]),
         "summary": summary_table(runs, task_metrics, engine),
+        "pareto": None,
         "task_metrics": labels.merge(task_metrics, on="run_id"),
         "engine_metrics": labels.merge(engine, on="run_id"),
     }
+    tables["pareto"] = pareto_table(tables["summary"])
     for name, frame in tables.items():
         frame.to_csv(os.path.join(out_dir, f"{name}.csv"), index=False)
     layers = tables["engine_metrics"][tables["engine_metrics"]["layer"].notna()]
@@ -92,6 +120,8 @@ def _page(url: str, tables: dict, drawn: list, notes: list) -> str:
                  "whole-model rows averaged over tasks. CSVs: " + ", ".join(
                      f"<a href='{n}.csv'>{n}.csv</a>" for n in tables) + "</p>")
     parts.append(_html_table(tables["summary"]))
+    parts.append("<h2>Pareto fronts</h2><p>per model, the runs no other run beats on both lower TPOT and higher "
+                 "accuracy</p>" + _html_table(tables["pareto"]))
     task_metrics = tables["task_metrics"].drop(columns=["link", "dtype", "device"])
     parts.append("<h2>Task metrics</h2>" + _html_table(task_metrics))
     parts.append("</body></html>")

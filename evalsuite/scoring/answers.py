@@ -56,3 +56,13 @@ def score_boxed(doc: dict, results: list[str]) -> dict[str, float]:
 
 def score_code(doc: dict, results: list[str]) -> dict[str, float]:
     return {"pass_at_1": float(code_passes(doc, results[0]))}
+
+
+def first_word(text: str) -> str | None:
+    """The first word, lower-cased and without punctuation: the tiny VL task's one-word answers."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return words[0] if words else None
+
+
+def score_vision(doc: dict, results: list[str]) -> dict[str, float]:
+    return {"exact_match": float(first_word(results[0]) == doc["answer"])}

@@ -29,3 +29,14 @@ def load_code(heldout_size: int = HELDOUT_SIZE, **_) -> DatasetDict:
 
 def load_boxed(heldout_size: int = HELDOUT_SIZE, **_) -> DatasetDict:
     return load_skill("boxed", heldout_size)
+
+
+def load_vision(heldout_size: int = HELDOUT_SIZE, **_) -> DatasetDict:
+    """The rendered-image questions of the tiny VL model (evalsuite.zoo.gen_vision), images included."""
+    from evalsuite.zoo.corpus import heldout_vision_items
+
+    return DatasetDict({"test": Dataset.from_list(heldout_vision_items(heldout_size))})
+
+
+def vision_doc_to_image(doc: dict) -> list:
+    return [doc["image"].convert("RGB")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from evalsuite.zoo import gen_arith, gen_boxed, gen_code, gen_yesno
+from evalsuite.zoo import gen_arith, gen_boxed, gen_code, gen_vision, gen_yesno
 
 SKILLS: dict[str, Callable[[random.Random], dict]] = {
     "arith": gen_arith.generate,
@@ -64,3 +64,34 @@ def training_corpus(seed: int, size_per_skill: int) -> list[dict]:
               for item in training_items(skill, seed, round(size_per_skill * SKILL_WEIGHTS[skill]), exclude)]
     random.Random(seed).shuffle(corpus)
     return corpus
+
+
+def _image_key(item: dict) -> tuple[str, bytes]:
+    return item["prompt"], item["image"].tobytes()
+
+
+def heldout_vision_items(size: int = HELDOUT_SIZE) -> list[dict]:
+    """`size` distinct rendered-image items (evalsuite.zoo.gen_vision), identical on every call."""
+    rng = _skill_rng(HELDOUT_SEED, "vision")
+    items, seen = [], set()
+    while len(items) < size:
+        item = gen_vision.generate(rng)
+        if _image_key(item) not in seen:
+            seen.add(_image_key(item))
+            items.append(dict(item, id=f"vision-{len(items)}"))
+    return items
+
+
+def vision_training_items(seed: int, step: int, size: int, exclude: set) -> list[dict]:
+    """A training batch of rendered-image items, a pure function of (seed, step); held-out images skipped."""
+    rng = random.Random(f"{seed}:vision:{step}")
+    items = []
+    while len(items) < size:
+        item = gen_vision.generate(rng)
+        if _image_key(item) not in exclude:
+            items.append(item)
+    return items
+
+
+def heldout_vision_keys(size: int = HELDOUT_SIZE) -> set:
+    return {_image_key(item) for item in heldout_vision_items(size)}

@@ -71,6 +71,76 @@ def per_example_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.
     return (ce * w.flatten()).sum() / w.sum()
 
 
+def restore(ckpt_path: Path, model, optimizer, name: str) -> tuple[int, float]:
+    """Continue from a checkpoint: (step, elapsed seconds), or (0, 0.0) without one."""
+    if not ckpt_path.exists():
+        return 0, 0.0
+    state = torch.load(ckpt_path, weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    print(f"[{name}] resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min)")
+    return state["step"], state["elapsed"]
+
+
+def checkpoint(ckpt_path: Path, model, optimizer, step: int, elapsed: float) -> None:
+    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "elapsed": elapsed, "torch_rng": torch.get_rng_state()}, ckpt_path)
+
+
+def optimizer_step(model, optimizer, loss: torch.Tensor) -> None:
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train_loop(name: str, model, optimizer, args, step_loss, after_step=None) -> tuple[int, float, float]:
+    """The loop both trainers share: learning-rate schedule, optimizer steps, progress bar and
+    resumable checkpoints. `step_loss(step)` returns the step's loss and extra progress fields;
+    `after_step(step)` runs after each step. Returns (steps, elapsed seconds, last loss)."""
+    ckpt_path = Path(args.checkpoints) / name / "last.pt"
+    step, elapsed = restore(ckpt_path, model, optimizer, name) if args.resume else (0, 0.0)
+    budget = args.minutes * 60
+    started, last_save = time.time() - elapsed, time.time()
+    bar = tqdm(total=args.steps, initial=step, desc=name, mininterval=5)
+    progress = max(step / args.steps, elapsed / budget)
+    last_loss = float("nan")  # stays NaN when resuming an already finished run
+    while progress < 1.0:
+        lr = learning_rate(progress, args.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, shown = step_loss(step)
+        optimizer_step(model, optimizer, loss)
+        step += 1
+        last_loss = loss.item()
+        elapsed = time.time() - started
+        progress = max(step / args.steps, elapsed / budget)
+        bar.update(1)
+        bar.set_postfix(loss=f"{last_loss:.3f}", **shown, lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
+        if after_step is not None:
+            after_step(step)
+        if time.time() - last_save > args.save_every_min * 60 or progress >= 1.0:
+            checkpoint(ckpt_path, model, optimizer, step, elapsed)
+            last_save = time.time()
+    bar.close()
+    return step, elapsed, last_loss
+
+
+def save_model(model, tokenizer, preprocessor, out_dir: Path) -> None:
+    """Weights, greedy generation defaults, and the tokenizer (or processor) that feeds the model."""
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(out_dir)
+    preprocessor.save_pretrained(out_dir)
+
+
+def write_summary(out_dir: Path, name: str, summary: dict) -> None:
+    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"[{name}] saved to {out_dir}: {summary}")
+
+
 def learning_rate(progress: float, peak: float, warmup: float = 0.03) -> float:
     if progress < warmup:
         return peak * progress / warmup
@@ -106,27 +176,10 @@ def train_one(kind: str, args) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     recorder = RouterRecorder(model) if kind == "glm" else None
 
-    ckpt_path = Path(args.checkpoints) / name / "last.pt"
-    step, elapsed = 0, 0.0
-    if args.resume and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, elapsed = state["step"], state["elapsed"]
-        torch.set_rng_state(state["torch_rng"])
-        print(f"[{name}] resumed at step {step} ({elapsed / 60:.1f} min)")
-
     print(f"[{name}] {sum(p.numel() for p in model.parameters()):,} parameters; building corpus")
     encoded = [encode(tokenizer, item) for item in training_corpus(args.seed, args.items_per_skill)]
-    budget = args.minutes * 60
-    started, last_save = time.time() - elapsed, time.time()
-    bar = tqdm(total=args.steps, initial=step, desc=name, mininterval=5)
-    progress = max(step / args.steps, elapsed / budget)
-    last_loss = float("nan")  # stays NaN when resuming an already finished run
-    while progress < 1.0:
-        lr = learning_rate(progress, args.lr)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+
+    def step_loss(step: int):
         ids, labels, weights, mask = make_batch(encoded, args.seed, step, args.batch, tokenizer.pad_token_id)
         if kind == "qwen":  # Qwen3-MoE computes its own load-balancing loss from the router logits
             out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
@@ -136,60 +189,53 @@ def train_one(kind: str, args) -> None:
             out = model(input_ids=ids, attention_mask=mask)
             balance = sigmoid_balance_loss(recorder.logits, mask, config.num_experts_per_tok)
         loss = per_example_loss(out.logits, labels, weights) + BALANCE_LOSS_COEF * balance
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        last_loss = loss.item()
-        elapsed = time.time() - started
-        progress = max(step / args.steps, elapsed / budget)
-        bar.update(1)
-        bar.set_postfix(loss=f"{last_loss:.3f}", bal=f"{balance.item():.3f}", lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
-        if time.time() - last_save > args.save_every_min * 60 or progress >= 1.0:
-            ckpt_path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "elapsed": elapsed, "torch_rng": torch.get_rng_state()}, ckpt_path)
-            last_save = time.time()
-    bar.close()
+        return loss, {"bal": f"{balance.item():.3f}"}
+
+    step, elapsed, last_loss = train_loop(name, model, optimizer, args, step_loss)
     if recorder is not None:
         recorder.remove()
 
     out_dir = Path(args.out) / name
-    model.generation_config = GenerationConfig(
-        do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    save_model(model, tokenizer, tokenizer, out_dir)
     val = validation_accuracy(model, tokenizer, args.seed) if args.validate else {}
-    summary = {"seed": args.seed, "steps": step, "minutes": round(elapsed / 60, 2), "batch_rows": args.batch,
-               "row_len": ROW_LEN, "peak_lr": args.lr, "final_loss": round(last_loss, 4),
-               "validation_exact_match": val}
-    (out_dir / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{name}] saved to {out_dir}: {summary}")
+    write_summary(out_dir, name, {"seed": args.seed, "steps": step, "minutes": round(elapsed / 60, 2),
+                                  "batch_rows": args.batch, "row_len": ROW_LEN, "peak_lr": args.lr,
+                                  "final_loss": round(last_loss, 4), "validation_exact_match": val})
 
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(prog="train-tiny", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=["qwen", "glm", "all"], default="all")
+    parser.add_argument("--model", choices=["qwen", "glm", "vl", "all"], default="all",
+                        help="all = the two text models; vl = the vision-language model (evalsuite.zoo.train_vl)")
     parser.add_argument("--out", default="models", help="models are written to OUT/<name>/")
     parser.add_argument("--checkpoints", default="checkpoints", help="resumable state (git-ignored)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=3400)
+    parser.add_argument("--steps", type=int, help="default: 3400 (text), 4500 (vl)")
     parser.add_argument("--minutes", type=float, default=45.0,
                         help="wall-clock cap per model; on an idle core the step budget binds first")
-    parser.add_argument("--batch", type=int, default=16, help="rows of %d tokens per step" % ROW_LEN)
+    parser.add_argument("--batch", type=int, help="rows of %d tokens (text, default 16) or images (vl, default 32) "
+                        "per step" % ROW_LEN)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--items-per-skill", type=int, default=40_000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--save-every-min", type=float, default=3.0)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--no-validate", dest="validate", action="store_false")
-    return parser.parse_args(argv)
+    parser.add_argument("--validate-every", type=int, default=500, help="vl: steps between progress validations")
+    args = parser.parse_args(argv)
+    vl = args.model == "vl"
+    args.steps = args.steps or (4500 if vl else 3400)
+    args.batch = args.batch or (32 if vl else 16)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.model == "vl":
+        from evalsuite.zoo.train_vl import train_vl
+        train_vl(args)
+        return 0
     for kind in (["qwen", "glm"] if args.model == "all" else [args.model]):
         train_one(kind, args)
     return 0
