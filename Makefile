@@ -64,7 +64,7 @@ sweep: $(STAMP)
 
 # Decode TPOT of every mode vs the overlap bound, engine overhead, simulator check (docs/performance.md).
 bench: $(STAMP)
-	$(BIN)/evalsuite bench --models models/tiny-qwen3-moe --links pcie4,ufs4,sdcard --capacities 0.1,0.25,0.5 \
+	$(BIN)/evalsuite bench --models models/tiny-qwen3-moe --links pcie4,ufs4,sdcard --capacities 0.1,0.25,0.5 --tokens 32 \
 		--out results/bench/tiny
 	$(BIN)/evalsuite bench --models qwen3-30b-a3b --links pcie4,sdcard --capacities 0.25 --tokens 8 \
 		--out results/bench/qwen3-30b-a3b

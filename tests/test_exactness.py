@@ -77,13 +77,14 @@ def test_resident_mode_is_the_reference_and_close_restores():
     assert torch.equal(run(model, ids, mask)[0], expected[0])
 
 
+@pytest.mark.parametrize("model_type, first_sparse", [("qwen3_vl_moe", 0), ("glm4v_moe", 1)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_vision_language_text_path_is_exact(dtype):
-    reference = reference_model("qwen3_vl_moe", dtype)
+def test_vision_language_text_path_is_exact(model_type, first_sparse, dtype):
+    reference = reference_model(model_type, dtype)
     ids, mask = batch(4, vocab=140)
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
     model = copy.deepcopy(reference)
     with evalsuite.offload(model, cache_capacity=2) as engine, torch.no_grad():
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, expected)
-        assert [l.experts_path for l in engine.layers][0] == "model.language_model.layers.0.mlp.experts"
+        assert engine.layers[0].experts_path == f"model.language_model.layers.{first_sparse}.mlp.experts"

@@ -148,12 +148,17 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
     trace = out / "traces" / "tiny-qwen3_moe-ufs4-0.5-router-preserving-gate.json"
     profile = out / "profiles" / "tiny-qwen3_moe-ufs4-0.5.yaml"
     assert trace.exists() and profile.exists()
-    # the same trace and measured costs through `evalsuite simulate` give the bench's simulated TPOT
+    # the saved trace and the measured profile through `evalsuite simulate` give the bench's replay
     projected = tmp_path / "p.json"
     assert main(["simulate", "--trace", str(trace), "--profile", str(profile), "--capacity", "0.5",
                  "--predictor", "gate", "--json", str(projected)]) == 0
     by_mode = {r["mode"]: r["tpot_ms"] for r in json.loads(projected.read_text())[0]["rows"]}
-    assert by_mode["router-preserving"] == pytest.approx(rows["router-preserving/gate"]["simulated_tpot_ms"])
+    assert by_mode["router-preserving"] == pytest.approx(rows["router-preserving/gate"]["profile_tpot_ms"])
+    speculative = out / "traces" / "tiny-qwen3_moe-ufs4-0.5-speculative-gate.json"  # priced as speculative/gate
+    assert main(["simulate", "--trace", str(speculative), "--profile", str(profile), "--capacity", "0.5",
+                 "--predictor", "gate", "--json", str(projected)]) == 0
+    by_mode = {r["mode"]: r["tpot_ms"] for r in json.loads(projected.read_text())[0]["rows"]}
+    assert by_mode["speculative"] == pytest.approx(rows["speculative/gate"]["profile_tpot_ms"])
     from evalsuite.results.store import ResultsDB
 
     with ResultsDB(str(db)) as store:

@@ -8,7 +8,8 @@ import evalsuite
 
 from .helpers import reference_model
 
-IMAGE, START, END = 150, 152, 153  # TINY_VL's image / vision-start / vision-end token ids
+IMAGE, START, END = 150, 152, 153  # the tiny VL configs' image / vision-start / vision-end token ids
+VL_TYPES = ["qwen3_vl_moe", "glm4v_moe"]
 
 
 def image_inputs(rows: int = 1, seed: int = 0):
@@ -21,9 +22,10 @@ def image_inputs(rows: int = 1, seed: int = 0):
             "image_grid_thw": torch.tensor([[1, 4, 4]] * rows)}
 
 
+@pytest.mark.parametrize("model_type", VL_TYPES)
 @pytest.mark.parametrize("mode, predictor", [("on-demand", None), ("router-preserving", "gate")])
-def test_image_and_text_tokens_give_the_unmodified_logits(mode, predictor):
-    reference = reference_model("qwen3_vl_moe")
+def test_image_and_text_tokens_give_the_unmodified_logits(model_type, mode, predictor):
+    reference = reference_model(model_type)
     inputs = image_inputs(rows=2)
     with torch.no_grad():
         expected = reference(**inputs).logits
@@ -35,8 +37,9 @@ def test_image_and_text_tokens_give_the_unmodified_logits(mode, predictor):
         assert engine.stats()["misses"] > 0
 
 
-def test_hit_rate_and_recall_are_split_by_token_kind():
-    model = copy.deepcopy(reference_model("qwen3_vl_moe"))
+@pytest.mark.parametrize("model_type", VL_TYPES)
+def test_hit_rate_and_recall_are_split_by_token_kind(model_type):
+    model = copy.deepcopy(reference_model(model_type))
     inputs = image_inputs()
     with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=4) as engine:
         with torch.no_grad():

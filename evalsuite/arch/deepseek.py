@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite")
+MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "glm4v_moe")
 ROUTER_ATTR = "gate"
 
 

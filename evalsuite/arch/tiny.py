@@ -40,10 +40,25 @@ TINY_VL = dict(
     image_token_id=150, video_token_id=151, vision_start_token_id=152, vision_end_token_id=153)
 
 
+# GLM-4.5V-style MoE (glm4v_moe): the same sizes, GLM's grouped sigmoid router, a shared expert and
+# a dense first layer; its image tokens sit between begin/end-of-image tokens.
+TINY_GLM_VL = dict(
+    text_config=dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=160, n_routed_experts=8,
+                     num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1],
+                                          partial_rotary_factor=0.5)),
+    vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=8,
+                       spatial_merge_size=2, temporal_patch_size=2, image_size=32),
+    image_token_id=150, video_token_id=151, image_start_token_id=152, image_end_token_id=153,
+    video_start_token_id=154, video_end_token_id=155)
+VISION_LANGUAGE = {"qwen3_vl_moe": TINY_VL, "glm4v_moe": TINY_GLM_VL}
+
+
 def tiny_config(model_type: str, **overrides):
     """A tiny random config of `model_type`; `overrides` change any field."""
-    if model_type == "qwen3_vl_moe":
-        return AutoConfig.for_model(model_type, **{**TINY_VL, **overrides})
+    if model_type in VISION_LANGUAGE:
+        return AutoConfig.for_model(model_type, **{**VISION_LANGUAGE[model_type], **overrides})
     return AutoConfig.for_model(model_type, **{**_BASE, **TINY[model_type], **overrides})
 
 
@@ -51,7 +66,7 @@ def tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float3
     """A tiny randomly initialised model in eval mode, computing experts with the eager kernel."""
     torch.manual_seed(seed)
     config = tiny_config(model_type, **overrides)
-    auto = AutoModelForImageTextToText if model_type == "qwen3_vl_moe" else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if model_type in VISION_LANGUAGE else AutoModelForCausalLM
     model = auto.from_config(config, dtype=dtype).eval()
     model.set_experts_implementation("eager")
     # Random init leaves routers near uniform; spread them so routing depends on the input.

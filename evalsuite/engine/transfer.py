@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import queue
 import re
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class Transfer:
         self.slot_free = None  # recorded on the compute stream at submit time
         self.seconds = 0.0  # time the link was busy with it
         self.submitted_at = time.perf_counter()
+        self.done_at = 0.0  # when the worker marked it done
+        self.handoffs: list[float] | None = None  # the engine's record of waiter wake-ups
 
     def ready(self) -> bool:
         return self.done.is_set() and (self.cuda_event is None or self.cuda_event.query())
@@ -76,6 +79,7 @@ class Transfer:
     def wait(self, timeout: float) -> float:
         """Block until the copy landed; returns the seconds spent waiting."""
         start = time.perf_counter()
+        blocked = not self.done.is_set()
         if not self.done.wait(timeout):
             raise TransferError(f"transfer of expert {self.key} did not finish within {timeout:g} s "
                                 "(raise transfer_timeout_s if the link is this slow)")
@@ -83,7 +87,10 @@ class Transfer:
             raise TransferError(f"transfer of expert {self.key} failed: {self.error}") from self.error
         if self.cuda_event is not None:
             self.cuda_event.synchronize()
-        return time.perf_counter() - start
+        end = time.perf_counter()
+        if blocked and self.handoffs is not None:
+            self.handoffs.append(end - self.done_at)
+        return end - start
 
 
 class TransferEngine:
@@ -93,7 +100,9 @@ class TransferEngine:
         self.store, self.link, self.timeout_s = store, link, timeout_s
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self.busy_s = 0.0
+        self.handoffs: list[float] = []  # per blocked wait: from the copy marked done to the waiter running
         self._link_free_at = 0.0  # when the emulated link finishes its last transfer
+        self._last_done = 0.0
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
         self._submitted = self._finished = 0
@@ -103,6 +112,7 @@ class TransferEngine:
     def submit(self, key, dst: torch.Tensor, prefetch: bool = False) -> Transfer:
         """Queue a copy of expert `key` into `dst`; a prefetch waits behind every demand load."""
         transfer = Transfer(key, dst.numel() * dst.element_size())
+        transfer.handoffs = self.handoffs
         if self.stream is not None:
             # The slot may still be read by kernels queued on the compute stream for the expert
             # it held before: the copy must start only after them.
@@ -117,13 +127,18 @@ class TransferEngine:
         return self._submitted - self._finished
 
     def seconds_per_transfer(self) -> float | None:
-        """Measured link time per finished transfer (None before the first)."""
+        """Measured link time per finished transfer (None before the first): from the later of its
+        submission and the previous transfer's end to its own end, so the worker's wake-up delays
+        and sleep overshoots count as the link's time, as the compute thread sees them."""
         return self.busy_s / self._finished if self._finished else None
+
+    def handoff_seconds(self) -> float | None:
+        """Median time from a copy marked done to its blocked waiter running (None if none waited)."""
+        return statistics.median(self.handoffs) if self.handoffs else None
 
     def _serve(self) -> None:
         while (item := self._queue.get())[2] is not None:
             _, _, transfer, dst = item
-            start = time.perf_counter()
             try:
                 if self.stream is not None:
                     with torch.cuda.stream(self.stream):
@@ -144,7 +159,9 @@ class TransferEngine:
                     self._link_free_at = max(self._link_free_at, time.perf_counter())
             except BaseException as exc:  # handed to the waiter, never lost in the thread
                 transfer.error = exc
-            transfer.seconds = time.perf_counter() - start
+            transfer.done_at = time.perf_counter()
+            transfer.seconds = transfer.done_at - max(self._last_done, transfer.submitted_at)
+            self._last_done = transfer.done_at
             self.busy_s += transfer.seconds
             self._finished += 1
             transfer.done.set()

@@ -76,6 +76,40 @@ def _generate(model, ids, tokens):
     return out
 
 
+class SpeedProbe:
+    """Median decode-step time of the sparse layers' attention: work no mode changes, so its time
+    tells how fast this machine ran during one generation (on CPU; its speed here drifts by up to
+    2x within seconds, and slows after idle waits on a slow link)."""
+
+    def __init__(self, engine):
+        self.engine, self.seconds, self.hooks, self._t = engine, [], [], 0.0
+        if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
+            return
+        for layer in engine.layers:
+            attention = getattr(engine.model.get_decoder().layers[layer.index], "self_attn", None)
+            if attention is not None:
+                self.hooks += [attention.register_forward_pre_hook(self._start),
+                               attention.register_forward_hook(self._stop)]
+
+    def _start(self, module, args):
+        self._t = time.perf_counter()
+
+    def _stop(self, module, args, output):
+        if self.engine.decoding:
+            self.seconds.append(time.perf_counter() - self._t)
+
+    def median(self) -> float | None:
+        for h in self.hooks:
+            h.remove()
+        return statistics.median(self.seconds) if self.seconds else None
+
+
+def scaled(costs: Costs, factor: float) -> Costs:
+    """Costs with every compute-thread cost multiplied by `factor` (the link's are left as they are)."""
+    fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s")
+    return replace(costs, **{f: getattr(costs, f) * factor for f in fields})
+
+
 class LayerClock:
     """Per decode step: time in each sparse layer and in its routed experts (resident engine)."""
 
@@ -117,7 +151,7 @@ class LayerClock:
             h.remove()
 
 
-def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None) -> tuple[Costs, dict]:
+def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None) -> tuple[Costs, dict, float]:
     """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
 
     Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
@@ -128,17 +162,18 @@ def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=
     any. A cold engine with the smallest cache and no link emulation, where nearly every use
     misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
     and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
-    or "per_step": seconds}}).
+    or "per_step": seconds}}, the speed probe's attention seconds: the reference for scaled()).
     """
     predicting = [c for c in all_cases if c.predictor is not None]
-    dense, expert, step, resident, per_miss = [], [], [], [], []
+    dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
     warm = {c.label: [] for c in [Case("on-demand", "on-demand"), *predicting]}
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
-            clock = LayerClock(engine)
+            clock, probe = LayerClock(engine), SpeedProbe(engine)
             _generate(model, ids, tokens)
             s = engine.stats()
             clock.close()
+            attention.append(probe.median())
         steps = len(clock.layer_s) // len(engine.layers)
         tpot = s["tpot_ms"]["median"] / 1e3
         dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
@@ -159,7 +194,7 @@ def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=
         extra = max(0.0, med(warm[case.label]) - med(warm["on-demand"]))
         case_costs[case.label] = {"per_step": extra} if case.predictor == "oracle" else \
             {"per_prediction": extra / max(1, len(layers) - 1)}
-    return costs, case_costs
+    return costs, case_costs, (med(attention) if None not in attention else None)
 
 
 def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
@@ -236,13 +271,16 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact) -> dict:
     if case.mode == "resident":
         options = dict(mode="resident", trace=True)
     with offload(model, **options) as engine:
+        probe = SpeedProbe(engine)
         out = _generate(model, ids, tokens)
         s = engine.stats()
+        attention_s = probe.median()
         transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
+        handoff_s = engine.transfers.handoff_seconds() if engine.transfers is not None else None
         trace = engine.routing_trace()
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
     return {"out": out, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
-            "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "trace": trace, "cache_experts": cache_experts,
+            "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s, "trace": trace, "cache_experts": cache_experts,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
@@ -274,49 +312,61 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
                     runs[case].append(r)
                     bar.update(1)
-            measured = [(replace(c, handoff_s=handoff), p) for c, p in measured]
+            measured = [(replace(c, handoff_s=handoff), p, a) for c, p, a in measured]
             result["configs"].append(_summarise(runs, measured, link, capacity))
     bar.close()
     return result
 
 
-def _medians(measured: list[tuple[Costs, dict]]) -> tuple[Costs, dict]:
+def _medians(measured: list[tuple[Costs, dict, float]]) -> tuple[Costs, dict]:
     """Field-wise medians of per-repeat costs and predictor costs."""
     med = statistics.median
-    costs = Costs(**{f: med(getattr(c, f) for c, _ in measured) for f in Costs.__dataclass_fields__})
-    pcost = {c: {k: med(m[c][k] for _, m in measured) for k in kinds} for c, kinds in measured[0][1].items()}
+    costs = Costs(**{f: med(getattr(c, f) for c, _, _ in measured) for f in Costs.__dataclass_fields__})
+    pcost = {c: {k: med(m[c][k] for _, m, _ in measured) for k in kinds} for c, kinds in measured[0][1].items()}
     return costs, pcost
 
 
-def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float) -> Costs:
+def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float, handoff_s: float) -> Costs:
     c = pcost.get(case.label, {})
-    return replace(costs, transfer_s=transfer_s, predictor_s=c.get("per_prediction", 0.0),
+    return replace(costs, transfer_s=transfer_s, handoff_s=handoff_s, predictor_s=c.get("per_prediction", 0.0),
                    predictor_step_s=c.get("per_step", 0.0))
 
 
 def _summarise(runs, measured, link, capacity) -> dict:
-    """Per case: medians of the measured repeats, and the simulator's error paired per repeat (each
-    repeat's costs were measured right before its cases ran, so a drift of this machine's speed
-    between repeats does not count as a simulator error)."""
+    """Per case: medians of the measured repeats, and the simulator's error paired per run: each run
+    is simulated from its own routing trace with the configuration's median costs, scaled by how
+    fast this machine computed during that run (its attention time over the median of the cost
+    runs', SpeedProbe), so the speed of this shared machine drifting between runs is not counted
+    as a simulator error."""
     med = statistics.median
-    costs, pcost = _medians(measured)
+    costs, pcost = _medians(measured)  # costs that are differences of two timings are noisy per repeat
+    attention = [a for _, _, a in measured if a]
+    reference = statistics.median(attention) if attention else None
+    # The link as the compute thread saw it in these runs: time per transfer and the wake-up of a
+    # waiter (medians over every run that moved experts; the idle-thread hand-off otherwise).
     transfer_s = med([r["transfer_s"] for rs in runs.values() for r in rs if r["transfer_s"]] or [0.0])
-    link_costs = replace(costs, transfer_s=transfer_s)
+    handoff_s = med([r["handoff_s"] for rs in runs.values() for r in rs if r["handoff_s"]] or [costs.handoff_s])
+    link_costs = replace(costs, transfer_s=transfer_s, handoff_s=handoff_s)
     on_demand = next(c for c in runs if c.mode == "on-demand")
     slots = runs[on_demand][0]["cache_experts"]
     bound = overlap_bound(runs[on_demand][0]["trace"], link_costs, slots)
     rows = []
     od_tpot = med(r["tpot_s"] for r in runs[on_demand])
     for case, rs in runs.items():
-        simulated = [simulate(r["trace"], _case_costs(m, p, case, transfer_s), slots,
-                              case.sim_mode).tpot_s for r, (m, p) in zip(rs, measured)]
+        speed = [r["attention_s"] / reference if reference and r["attention_s"] else 1.0 for r in rs]
+        case_costs = _case_costs(costs, pcost, case, transfer_s, handoff_s)
+        simulated = [simulate(r["trace"], scaled(case_costs, f), slots, case.sim_mode).tpot_s
+                     for r, f in zip(rs, speed)]
         tpot = med(r["tpot_s"] for r in rs)
+        # what `evalsuite simulate` gives with this configuration's measured profile and saved trace
+        replayed = simulate(rs[0]["trace"], case_costs, slots, case.sim_mode).tpot_s
         rows.append({"case": case.label, "mode": case.mode, "predictor": case.predictor, "tpot_ms": tpot * 1e3,
                      "ttft_ms": med(r["ttft_s"] for r in rs) * 1e3,
                      "hit_rate": med(r["hit_rate"] for r in rs) if case.mode != "resident" else 1.0,
                      "stall_ms_per_token": med(r["stall_ms_per_token"] or 0.0 for r in rs),
                      "gap_closed": gap_closed(od_tpot, tpot, bound) if case.mode != "resident" else None,
-                     "simulated_tpot_ms": med(simulated) * 1e3,
+                     "simulated_tpot_ms": med(simulated) * 1e3, "speed_factor": med(speed),
+                     "profile_tpot_ms": replayed * 1e3,
                      "sim_error": med(sim / r["tpot_s"] - 1 for sim, r in zip(simulated, rs))})
     oracle = next(c for c in runs if c.predictor == "oracle")  # its look-ahead for free: prediction's ceiling
     free = simulate(runs[oracle][0]["trace"], link_costs, slots, "oracle").tpot_s
@@ -340,10 +390,11 @@ def format_result(result: dict) -> str:
                      f"overlap bound {cfg['bound_tpot_ms']:.2f} ms; "
                      f"oracle with a free look-ahead (simulated) {cfg['oracle_free_tpot_ms']:.2f} ms")
         lines.append(f"{'case':<28}{'TPOT ms':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}{'gap closed':>11}"
-                     f"{'sim ms':>9}{'sim err':>9}")
+                     f"{'sim ms':>9}{'sim err':>9}{'speed':>7}")
         for r in cfg["rows"]:
             gap = f"{r['gap_closed']:>11.2f}" if r["gap_closed"] is not None else f"{'-':>11}"
             lines.append(f"{r['case']:<28}{r['tpot_ms']:>9.2f}{r['ttft_ms']:>9.2f}{r['hit_rate']:>7.3f}"
-                         f"{r['stall_ms_per_token']:>10.2f}{gap}{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}")
+                         f"{r['stall_ms_per_token']:>10.2f}{gap}{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}"
+                         f"{r['speed_factor']:>7.2f}")
     return "\n".join(lines)
 
