@@ -142,8 +142,17 @@ def _on_ray(todo: list[Cell], args: tuple, sweep: Sweep, address: str, outcome: 
         import ray
     except ImportError:
         raise ValueError("--ray needs Ray: pip install 'evalsuite[ray]' (or `pip install ray`)") from None
-    if not ray.is_initialized():  # a test or notebook may have started one already
+    started = not ray.is_initialized()  # a test or notebook may have started one already
+    if started:
         ray.init(address=None if address in LOCAL_RAY else address, log_to_driver=False, include_dashboard=False)
+    try:
+        _submit(ray, todo, args, sweep, outcome, bar)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _submit(ray, todo: list[Cell], args: tuple, sweep: Sweep, outcome: Outcome, bar) -> None:
     resources = dict(sweep.resources)
     options = {"num_cpus": resources.pop("num_cpus", 1), "num_gpus": resources.pop("num_gpus", 0)}
     if "memory_gb" in resources:
