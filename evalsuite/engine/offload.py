@@ -240,8 +240,6 @@ class Engine:
                 self.cache.unpin(key)
 
     def _stored_views(self, experts, layer: int, expert: int) -> dict[str, torch.Tensor]:
-        if self.store is None:
-            return {name: getattr(experts, name)[expert] for name, _, _ in self.layout.fields}
         return self.layout.views(self.store.read((layer, expert)).to(self.device))
 
     def prefetch(self, layer: int, experts) -> int:

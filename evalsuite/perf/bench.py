@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from ..arch import sparse_layers
 from ..engine import offload
+from .profiles import case_label
 from .simulate import Costs, gap_closed, overlap_bound, simulate
 
 
@@ -38,13 +39,17 @@ class Case:
         return "oracle" if self.predictor == "oracle" and self.mode == "router-preserving" else self.mode
 
 
+def _case(mode: str, predictor: str | None = None) -> Case:
+    return Case(case_label(mode, predictor) or mode, mode, predictor)
+
+
 def cases(predictors, hybrid: bool) -> list[Case]:
-    out = [Case("resident", "resident"), Case("on-demand", "on-demand")]
-    out += [Case(f"router-preserving/{p}", "router-preserving", p) for p in predictors if p != "oracle"]
-    out += [Case(f"speculative/{p}", "speculative", p) for p in predictors if p not in ("oracle", "frequency")]
+    out = [_case("resident"), _case("on-demand")]
+    out += [_case("router-preserving", p) for p in predictors if p != "oracle"]
+    out += [_case("speculative", p) for p in predictors if p not in ("oracle", "frequency")]
     if hybrid:
-        out.append(Case("hybrid", "hybrid", "hybrid"))
-    out.append(Case("oracle prefetch", "router-preserving", "oracle"))
+        out.append(_case("hybrid", "hybrid"))
+    out.append(_case("router-preserving", "oracle"))
     return out
 
 
@@ -166,7 +171,7 @@ def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=
     """
     predicting = [c for c in all_cases if c.predictor is not None]
     dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
-    warm = {c.label: [] for c in [Case("on-demand", "on-demand"), *predicting]}
+    warm = {c.label: [] for c in [_case("on-demand"), *predicting]}
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
             clock, probe = LayerClock(engine), SpeedProbe(engine)
@@ -280,7 +285,8 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact) -> dict:
         trace = engine.routing_trace()
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
     return {"out": out, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
-            "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s, "trace": trace, "cache_experts": cache_experts,
+            "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s,
+            "trace": trace, "cache_experts": cache_experts,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 

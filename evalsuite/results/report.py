@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-import json
 import os
 from datetime import datetime, timezone
 
@@ -10,6 +9,7 @@ import pandas as pd
 
 from . import plots
 from .compare import whole_model_rows
+from .store import stored_config
 
 # which metric stands for a task's accuracy, most preferred first; otherwise the first metric by name
 MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
@@ -44,10 +44,7 @@ def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.Dat
 
 def sweep_runs(runs: pd.DataFrame, sweep: str) -> pd.DataFrame:
     """The runs a sweep (evalsuite.sweep) stored: their configuration names the sweep."""
-    def named(config) -> bool:
-        config = json.loads(config) if isinstance(config, str) else (config or {})
-        return config.get("sweep") == sweep
-    return runs[runs["config"].map(named)] if not runs.empty else runs
+    return runs[runs["config"].map(lambda c: stored_config(c).get("sweep") == sweep)] if not runs.empty else runs
 
 
 def pareto_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -77,14 +74,14 @@ def report(db, out_dir: str = os.path.join("results", "report"), sweep: str | No
     ids = runs["id"].tolist()
     task_metrics, engine = db.task_metrics(ids), db.engine_metrics(ids)
     labels = runs[_RUN_LABELS].rename(columns={"id": "run_id"})
+    summary = summary_table(runs, task_metrics, engine)
     tables = {
         "runs": runs.drop(columns=["config", "writer_pid", "writer_host", "writer_start"]),
-        "summary": summary_table(runs, task_metrics, engine),
-        "pareto": None,
+        "summary": summary,
+        "pareto": pareto_table(summary),
         "task_metrics": labels.merge(task_metrics, on="run_id"),
         "engine_metrics": labels.merge(engine, on="run_id"),
     }
-    tables["pareto"] = pareto_table(tables["summary"])
     for name, frame in tables.items():
         frame.to_csv(os.path.join(out_dir, f"{name}.csv"), index=False)
     layers = tables["engine_metrics"][tables["engine_metrics"]["layer"].notna()]

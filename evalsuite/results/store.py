@@ -83,6 +83,11 @@ def _locked(exc: Exception) -> bool:
     return "locked" in message or "busy" in message or "could not serialize" in message or "deadlock" in message
 
 
+def stored_config(stored) -> dict:
+    """A run's `config` as read back from the database (a JSON string on some backends, a dict on others)."""
+    return json.loads(stored) if isinstance(stored, str) else (stored or {})
+
+
 def _json_ready(value):
     # tuples, numpy scalars, dates, paths -> plain JSON
     return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
@@ -252,8 +257,7 @@ class ResultsDB:
             candidates = conn.execute(select(Run.id, Run.status, Run.config)
                                       .where(Run.status.in_(("complete", "incomplete"))).order_by(Run.id.desc())).all()
             for run_id, status, stored in candidates:
-                stored = json.loads(stored) if isinstance(stored, str) else stored
-                if stored == wanted:
+                if stored_config(stored) == wanted:
                     done = conn.execute(select(TaskMetric.task).where(TaskMetric.run_id == run_id).distinct())
                     return run_id, status, {row.task for row in done}
         return None

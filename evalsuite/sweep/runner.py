@@ -8,7 +8,6 @@ more times, then reported; the others go on.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -52,13 +51,11 @@ def run_cell(cell: dict, sweep_name: str, db_url: str | None, out_dir: str, conf
 
 def completed_cells(db, sweep_name: str) -> set[str]:
     """Keys of this sweep's cells whose run is stored complete."""
-    runs = db.runs(status="complete")
-    keys = set()
-    for config in runs["config"]:
-        config = json.loads(config) if isinstance(config, str) else (config or {})
-        if config.get("sweep") == sweep_name and config.get("sweep_cell"):
-            keys.add(config["sweep_cell"])
-    return keys
+    from ..results.report import sweep_runs
+    from ..results.store import stored_config
+
+    configs = sweep_runs(db.runs(status="complete"), sweep_name)["config"].map(stored_config)
+    return {config["sweep_cell"] for config in configs if config.get("sweep_cell")}
 
 
 def _first_line(exc: BaseException) -> str:

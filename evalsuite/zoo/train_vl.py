@@ -50,11 +50,11 @@ def encode_batch(processor, items: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def validation_accuracy(model, processor, seed: int, size: int = 100) -> dict[str, float]:
+def validation_accuracy(model, processor, seed: int, exclude: set, size: int = 100) -> dict[str, float]:
     """Greedy answers on fresh (non-held-out) items, per question kind: a progress signal only."""
     model.eval()
     hits, totals = defaultdict(int), defaultdict(int)
-    for item in vision_training_items(seed + 1_000_003, 0, size, heldout_vision_keys()):
+    for item in vision_training_items(seed + 1_000_003, 0, size, exclude):
         text = item["prompt"].replace("<image>", processor.image_token)
         inputs = processor(images=[[item["image"]]], text=[text], return_tensors="pt")
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
@@ -89,13 +89,13 @@ def train_vl(args) -> None:
 
     def after_step(step: int):
         if args.validate_every and step % args.validate_every == 0:
-            tqdm.write(f"[{name}] step {step}: validation {validation_accuracy(model, processor, args.seed, 40)}")
+            tqdm.write(f"[{name}] step {step}: validation {validation_accuracy(model, processor, args.seed, exclude, 40)}")
 
     step, elapsed, last_loss = train_loop(name, model, optimizer, args, step_loss, after_step)
 
     out_dir = Path(args.out) / name
     save_model(model, tokenizer, processor, out_dir)
-    val = validation_accuracy(model, processor, args.seed) if args.validate else {}
+    val = validation_accuracy(model, processor, args.seed, exclude) if args.validate else {}
     write_summary(out_dir, name, {"seed": args.seed, "steps": step, "minutes": round(elapsed / 60, 2),
                                   "batch_items": args.batch, "peak_lr": args.lr, "final_loss": round(last_loss, 4),
                                   "validation_accuracy": val})
