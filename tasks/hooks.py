@@ -13,8 +13,8 @@ if str(REPO_ROOT) not in sys.path:
 
 from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_vision, score_yesno  # noqa: E402,F401
 from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
-    boxed_integer_filter, gsm8k_flexible_filter, gsm8k_strict_filter, keep_all_generations,
-    score_aime, score_gsm8k, score_humaneval, score_yes_no, yes_no_filter,
+    boxed_integer_filter, gsm8k_flexible_filter, keep_all_generations, score_aime, score_gsm8k, score_humaneval,
+    score_yes_no,
 )
 from evalsuite.scoring.datasets import (  # noqa: E402,F401
     load_aime24, load_aime25, load_aime_1983_2024, load_gsm8k, load_humaneval, load_strategyqa,

@@ -1,7 +1,7 @@
 """Benchmark answer extraction, pass@k, the HumanEval sandbox scorer and the data loaders.
 
 The gold-answer checks run every reference answer of the real data files through
-the same filter and scorer functions the task YAMLs name.
+the same filters (lm-eval's own where the YAML names them) and scorers the task YAMLs name.
 """
 import itertools
 import os
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from evalsuite.scoring import answers
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring import datasets as ds
 
 from .helpers import shared_data
-
+from .task_filters import apply_filter
 
 
 DATA_DIR = Path(shared_data()) if shared_data() else None
@@ -39,25 +40,28 @@ def through_filter(filter_fn, text: str) -> str:
 
 def test_gsm8k_strict_takes_first_hash_answer_and_flexible_takes_last_number():
     text = "She pays $1,200 in total.\n#### 1,200\nThen 7 more"
-    assert bm.extract_gsm8k_strict(text) == "1200"
-    assert bm.extract_last_number(text) == "7"
-    assert bm.extract_gsm8k_strict("The answer is 5.") is None
-    assert bm.extract_last_number("no digits here") is None
-    assert bm.extract_last_number("It costs $-3.50.") == "-3.50"
+    assert answers.extract_gsm8k_strict(text) == "1200"
+    assert answers.extract_last_number(text) == "7"
+    assert answers.extract_gsm8k_strict("The answer is 5.") is None
+    assert answers.extract_last_number("no digits here") is None
+    assert answers.extract_last_number("It costs $-3.50.") == "-3.50"
+    assert answers.extract_last_number("So 18 apples...") == "18"  # a digit is needed: "..." is no number
+    assert apply_filter("gsm8k_es", "strict-match", [text, "The answer is 5."]) == ["1,200", answers.NO_ANSWER]
 
 
 def test_gsm8k_number_comparison_is_numeric():
-    assert bm.same_number("18.00", "18")
-    assert bm.same_number("$1,000", "1000")
-    assert not bm.same_number("19", "18")
-    assert not bm.same_number(bm.NO_ANSWER, "18")
-    assert not bm.same_number(None, "18")
+    assert answers.same_number("18.00", "18")
+    assert answers.same_number("$1,000", "1000")
+    assert not answers.same_number("19", "18")
+    assert not answers.same_number(answers.NO_ANSWER, "18")
+    assert not answers.same_number(None, "18")
+    assert not answers.same_number("NaN", "18") and not answers.same_number("sNaN", "18")
 
 
 def test_final_yes_no_is_the_last_verdict():
-    assert bm.extract_final_yes_no("Yes, Albany NY is bigger. So the answer is no.") == "no"
-    assert bm.extract_final_yes_no("NO") == "no"
-    assert bm.extract_final_yes_no("Nobody knows; yesterday it rained.") is None
+    texts = ["Yes, Albany NY is bigger. So the answer is no.", "NO", "Nobody knows; yesterday it rained."]
+    assert [answers.extract_yes_no(text) for text in texts] == ["no", "no", None]
+    assert apply_filter("strategyqa_es_cot", "final-yes-no", texts) == ["no", "no", answers.NO_ANSWER]
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -71,9 +75,11 @@ def test_final_yes_no_is_the_last_verdict():
     (r"\boxed{x+1}", None),
     (r"\boxed{12", None),  # cut off inside the box
     ("the answer is 12", None),
+    (r"\boxed{Infinity}", None),
+    (r"\boxed{sNaN}", None),
 ])
 def test_boxed_integer_extraction(text, expected):
-    assert bm.extract_boxed_integer(text) == expected
+    assert answers.extract_boxed_integer(text) == expected
 
 
 def test_aime_scorer_accepts_any_accepted_answer():
@@ -128,7 +134,7 @@ def test_humaneval_scorer_reports_pass_at_k_over_all_samples(monkeypatch):
 
 def test_humaneval_completion_is_cut_at_top_level_code():
     completion = "    return x * x\n\nprint('side effect')\nraise SystemExit(1)\n"
-    assert bm.truncate_completion(completion) == "    return x * x\n"
+    assert answers.truncate_completion(completion) == "    return x * x\n"
     assert bm.score_humaneval(SQUARE_DOC, [[completion]]) == {"pass_at_1": 1.0}
 
 
@@ -155,9 +161,10 @@ def test_every_humaneval_canonical_solution_passes_and_wrong_ones_fail(local_dat
 def test_every_gsm8k_gold_solution_scores_under_both_filters(local_data):
     docs = list(ds.load_gsm8k()["test"])
     assert len(docs) == 1319
-    for doc in docs:
-        for filter_fn in (bm.gsm8k_strict_filter, bm.gsm8k_flexible_filter):
-            extracted = through_filter(filter_fn, doc["answer"])
+    strict = apply_filter("gsm8k_es", "strict-match", [doc["answer"] for doc in docs])
+    for doc, strict_match in zip(docs, strict):
+        flexible = through_filter(bm.gsm8k_flexible_filter, doc["answer"])
+        for extracted in (strict_match, flexible):
             assert bm.score_gsm8k(doc, [extracted]) == {"exact_match": 1.0}, (doc["question"], extracted)
         # Off by one must not match: the comparison looks at the number, not just any output.
         assert bm.score_gsm8k(doc, [str(int(doc["target"]) + 1)]) == {"exact_match": 0.0}
@@ -189,11 +196,16 @@ def test_aime_solutions_exist_for_2024_only(local_data):
 def test_every_strategyqa_gold_verdict_scores(local_data):
     docs = list(ds.load_strategyqa()["test"])
     assert len(docs) == 229 and {doc["target"] for doc in docs} == {"yes", "no"}
-    for doc in docs:
-        for text in (doc["target"], f"{' '.join(doc['facts'])} So the answer is {doc['target']}."):
-            assert bm.score_yes_no(doc, [through_filter(bm.yes_no_filter, text)]) == {"exact_match": 1.0}
-        flipped = "no" if doc["target"] == "yes" else "yes"
-        assert bm.score_yes_no(doc, [through_filter(bm.yes_no_filter, flipped)]) == {"exact_match": 0.0}
+
+    def verdicts(texts):
+        return apply_filter("strategyqa_es_cot", "final-yes-no", texts)
+
+    bare = verdicts([doc["target"] for doc in docs])
+    reasoned = verdicts([f"{' '.join(doc['facts'])} So the answer is {doc['target']}." for doc in docs])
+    flipped = verdicts(["no" if doc["target"] == "yes" else "yes" for doc in docs])
+    for doc, *read in zip(docs, bare, reasoned, flipped):
+        assert [bm.score_yes_no(doc, [verdict]) for verdict in read] == [
+            {"exact_match": 1.0}, {"exact_match": 1.0}, {"exact_match": 0.0}], doc["question"]
 
 
 # ---------------------------------------------------------------- loaders

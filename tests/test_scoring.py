@@ -1,7 +1,9 @@
 """Answer extraction and the code sandbox."""
 import os
 
-from evalsuite.scoring.answers import extract_gsm8k_strict, extract_last_boxed, extract_yes_no
+from evalsuite.scoring.answers import (
+    extract_boxed_integer, extract_gsm8k_strict, extract_yes_no, score_arith, score_boxed,
+)
 from evalsuite.scoring.sandbox import SandboxLimits, run_python
 
 FAST = SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
@@ -10,14 +12,26 @@ FAST = SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
 def test_gsm8k_strict_needs_the_marker():
     assert extract_gsm8k_strict(" 3 + 4 = 7\n#### 7") == "7"
     assert extract_gsm8k_strict("#### 1,200") == "1200"
+    assert extract_gsm8k_strict("#### $1,200.") == "1200"
     assert extract_gsm8k_strict("the answer is 7") is None
+
+
+def test_arith_compares_the_number():
+    assert score_arith({"answer": "40"}, [" 38 + 2 = 40\n#### 40.0"]) == {"exact_match": 1.0}
+    assert score_arith({"answer": "40"}, [" #### 41"]) == {"exact_match": 0.0}
 
 
 def test_yes_no_and_boxed_extraction():
     assert extract_yes_no(" Yes, because") == "yes"
     assert extract_yes_no(" nothing") is None
-    assert extract_last_boxed(r"\boxed{3} then \boxed{-12}") == "-12"
-    assert extract_last_boxed("12") is None
+    assert extract_boxed_integer(r"\boxed{3} then \boxed{-12}") == -12
+    assert extract_boxed_integer("12") is None
+
+
+def test_boxed_scores_only_the_last_box_nested_braces_included():
+    assert score_boxed({"answer": "3"}, [r"\boxed{3} then \boxed{\frac{1}{2}}"]) == {"exact_match": 0.0}
+    assert score_boxed({"answer": "2"}, [r"\boxed{\frac{1}{2}} so \boxed{2}"]) == {"exact_match": 1.0}
+    assert score_boxed({"answer": "14"}, [r" 5 + 9 = 14. The answer is \boxed{14"]) == {"exact_match": 0.0}  # cut off
 
 
 def test_sandbox_reports_success_and_failure():

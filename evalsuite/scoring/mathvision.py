@@ -16,13 +16,12 @@ import re
 
 from datasets import DatasetDict
 
-from .benchmarks import last_boxed_content
+from .answers import last_boxed_content, strip_latex_wrappers
 from .datasets import Row, SplitSource, field, load_splits, local_data_dir
 
 LETTERS = "ABCDE"
 PLACEHOLDER = re.compile(r"<image\d*>")
 ANSWER_IS = re.compile(r"answer is\s*:?\s*(.+?)\s*(?:\.\s*$|\n|$)", re.IGNORECASE)
-WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 PROMPT_TAIL = ("Please reason step by step, and put your final answer within \\boxed{}. "
                "For a multiple-choice question, the final answer is the option's letter.")
 
@@ -74,7 +73,7 @@ def final_answer(text: str) -> str | None:
 
 
 def _plain(text: str) -> str:
-    text = WRAPPERS.sub(r"\1", text)
+    text = strip_latex_wrappers(text)
     return re.sub(r"[\s$]", "", text).rstrip(".").strip()
 
 
