@@ -5,14 +5,20 @@ scorers the code tasks use (HumanEval's pass@k and the project's code task), run
 """
 import os
 import resource
+import shutil
 import socket
+import tempfile
 import time
+import uuid
 
 import pytest
 
 from evalsuite.scoring import answers
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring.sandbox import OUTPUT_LIMIT, SandboxLimits, run_python
+from tests.test_sandbox_leftovers import no_leftovers  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=2)
 CONFINEMENT = run_python("pass", FAST).confinement
@@ -31,12 +37,20 @@ def contained(source, limits=FAST, budget_s=None):
     return result
 
 
-def live(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "State:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
+def processes_with_argument(argument: str) -> list[int]:
+    """Live (non-zombie) host processes with `argument` on their command line."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/status") as f:
+                zombie = "State:\tZ" in f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if argument.encode() in argv and not zombie:
+            found.append(int(pid))
+    return found
 
 
 def test_a_plain_program_still_passes():
@@ -52,14 +66,15 @@ def test_fork_bomb_is_refused():
 @needs_own_uid
 def test_forked_processes_that_leave_the_group_are_killed():
     # With room for a few processes, children start their own sessions (out of reach of the
-    # process-group kill) and sleep; every one of them must be gone when the run returns.
+    # process-group kill) and become `sleep` with a mark of this run; every one of them must be
+    # gone when the run returns. (Their pids are the run's own: the host sees them by the mark.)
+    mark = f"60.{uuid.uuid4().int % 10**9}"
     source = ("import os, sys, time\n"
               "for _ in range(4):\n"
               "    pid = os.fork()\n"
               "    if pid == 0:\n"
               "        os.setsid()\n"
-              "        time.sleep(60)\n"
-              "        os._exit(0)\n"
+              f"        os.execv('/bin/sleep', ['sleep', '{mark}'])\n"
               "    print(pid, flush=True)\n"
               "while True:\n"
               "    try:\n"
@@ -68,9 +83,8 @@ def test_forked_processes_that_leave_the_group_are_killed():
               "        time.sleep(0.01)\n")
     result = contained(source, SandboxLimits(wall_seconds=1.5, cpu_seconds=2, max_processes=8))
     assert result.timed_out
-    children = [int(line) for line in result.stdout.split()]
-    assert len(children) == 4
-    assert not [pid for pid in children if live(pid)]
+    assert len(result.stdout.split()) == 4
+    assert not processes_with_argument(mark)
 
 
 def test_memory_bomb_fails_with_memory_error():
@@ -186,9 +200,27 @@ SQUARE_DOC = {
 CORRECT = ["    return x * x\n", "    return x ** 2\n"]
 
 
-def hostile_bodies(canary: str, port: int) -> list[str]:
+# Bodies that pass their tests only if the sandbox lets them: they end the program early with a
+# clean exit status (HumanEval's stop sequences keep top-level code after `return`), look for the
+# pass token, or reach what the sandbox hides.
+CHEATS = [
+    "    raise SystemExit(0)\n",
+    "    import sys\n    sys.exit(0)\n",
+    "    import os\n    os._exit(0)\n",
+    "    return None\nraise SystemExit(0)\n",
+    "    return None\nimport os\nos._exit(0)\n",
+    "    import sys\n    f = sys._getframe()\n    while f.f_back:\n        f = f.f_back\n    return x * x\n",
+    "    import gc\n    gc.get_objects()\n    return x * x\n",
+    "    open('/dev/shm/big', 'wb').write(b'x' * (48 << 20))\n    return x * x\n",
+    "    import os\n    assert len([p for p in os.listdir('/proc') if p.isdigit()]) > 2\n    return x * x\n",
+]
+
+
+def hostile_bodies(canary: str, port: int, unix_socket: str) -> list[str]:
     """Function bodies that attack instead of answering (indented: HumanEval's stop sequences keep them)."""
-    return [
+    return CHEATS + [
+        f"    import socket\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({unix_socket!r})\n"
+        "    s.sendall(b'hi')\n    return x * x\n",
         "    import os\n    while True:\n        os.fork()\n",
         "    chunks = []\n    while True:\n        chunks.append(bytearray(50 * 1024 * 1024))\n",
         "    while True:\n        pass\n",
@@ -206,22 +238,31 @@ def test_evaluation_mixing_hostile_and_correct_samples(tmp_path, monkeypatch):
     canary = tmp_path / "canary.txt"
     canary.write_text("precious")
     cwd = os.getcwd()
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(4)
-        hostile = hostile_bodies(str(canary), listener.getsockname()[1])
-        samples = CORRECT + hostile + CORRECT
-        start = time.perf_counter()
-        scores = bm.score_humaneval(SQUARE_DOC, [samples])
-        elapsed = time.perf_counter() - start
-        listener.settimeout(0.1)
-        with pytest.raises(socket.timeout):
-            listener.accept()
+    shared = tempfile.mkdtemp(dir="/tmp")  # a world-writable place on the host, with a listener in it
+    os.chmod(shared, 0o777)
+    try:
+        with socket.socket() as listener, socket.socket(socket.AF_UNIX) as unix_listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(4)
+            unix_listener.bind(os.path.join(shared, "sock"))
+            os.chmod(os.path.join(shared, "sock"), 0o777)
+            unix_listener.listen(4)
+            hostile = hostile_bodies(str(canary), listener.getsockname()[1], os.path.join(shared, "sock"))
+            samples = CORRECT + hostile + CORRECT
+            start = time.perf_counter()
+            scores = bm.score_humaneval(SQUARE_DOC, [samples])
+            elapsed = time.perf_counter() - start
+            for each in (listener, unix_listener):
+                each.settimeout(0.1)
+                with pytest.raises(socket.timeout):
+                    each.accept()
+    finally:
+        shutil.rmtree(shared)
     passed = bm.run_completions(SQUARE_DOC, samples, SandboxLimits(wall_seconds=2.0, cpu_seconds=2))
     assert passed == [True] * 2 + [False] * len(hostile) + [True] * 2
     assert scores["pass_at_1"] == pytest.approx(4 / len(samples))
     assert scores["pass_at_5"] == pytest.approx(bm.pass_at_k(len(samples), 4, 5))
-    assert elapsed < 20
+    assert elapsed < 30
     if OWN_UID:
         assert canary.read_text() == "precious"
     assert os.getcwd() == cwd
@@ -231,9 +272,10 @@ def test_code_task_scorer_with_hostile_completions():
     good = {"pass_at_1": 1.0}
     bad = {"pass_at_1": 0.0}
     completions = ["    return x * x\n", "    import os\n    while True:\n        os.fork()\n",
-                   "    import sys\n    sys.stderr.write('e' * (1 << 30))\n", "    return x ** 2\n"]
+                   "    import sys\n    sys.stderr.write('e' * (1 << 30))\n", *CHEATS, "    return x ** 2\n"]
     limits = SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
     verdicts = [answers.code_passes(SQUARE_DOC, c, limits) for c in completions]
-    assert verdicts == [True, False, False, True]
+    assert verdicts == [True] + [False] * (len(completions) - 2) + [True]
     assert answers.score_code(SQUARE_DOC, [completions[0]]) == good
-    assert answers.score_code(SQUARE_DOC, [completions[1]]) == bad
+    for cheat in completions[1:-1]:
+        assert answers.score_code(SQUARE_DOC, [cheat]) == bad, cheat

@@ -1,24 +1,28 @@
-"""Run an untrusted Python program in its own, confined process.
+"""Run an untrusted Python program in its own, confined process, and say whether it ran to its end.
 
-Each run starts a fresh interpreter (`python -I -S -B -c BOOTSTRAP`) in a new session. The
-bootstrap confines itself before the program's first line runs, so no `preexec_fn` is needed
-(callers run the sandbox from threads, where `preexec_fn` is unsafe):
+Each run starts a fresh interpreter running `sandbox_setup.py` (`python -I -S -B -c SOURCE`) in a
+new session; it confines itself before the program's first line runs, so no `preexec_fn` is
+needed (callers run the sandbox from threads, where `preexec_fn` is unsafe). Two confinements:
 
-- rlimits on CPU seconds, address space, file size (which also caps stdout/stderr: they go to
-  files, and writing past the limit kills the program), open files, processes, no core dumps;
-- a private network namespace with no interface up (no network at all); where the system does
-  not allow one, an audit hook that refuses every socket before the program starts;
-- as root: a private mount namespace whose working directory is a size-capped tmpfs, and a
-  fresh unprivileged uid for this run only (root ignores RLIMIT_NPROC; a uid of its own makes
-  the process limit bind, keeps concurrent runs out of each other's files and lets the
-  evaluator kill every process the run left behind, even ones that left its process group);
-- an environment holding only PATH, LANG, HOME and TMPDIR; a throwaway working directory.
+- "namespaces" (root with CAP_SYS_ADMIN): private mount, network, IPC and PID namespaces; one
+  size-capped tmpfs holds the working directory and private /tmp, /var/tmp, /dev/shm and /run;
+  a fresh /proc that shows only the run's own processes; a uid of its own for this run; rlimits;
+- "weak" (anything less): rlimits, a uid of its own where root, and an audit hook that also
+  refuses every way to start a process. It runs only when asked for by name
+  (EVALSUITE_SANDBOX=weak, set by `--sandbox weak`); otherwise `SandboxUnavailable`.
+
+In both, the program runs in a fresh interpreter (`sandbox_runner.py`) whose audit hook refuses
+sockets, ctypes, signal handlers and every way to reach another frame. A run passes only when
+that interpreter writes this run's random token on a private pipe after the program returned
+normally: exit status and output are the program's to forge, the token is not. The first line
+on that pipe, written before the program exists, says what confinement was applied.
 
 The evaluator waits with a wall-clock timeout, then kills the process group and every process
 of the run's uid. See docs/reliability.md for what this does and does not stop.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -29,11 +33,20 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 OUTPUT_LIMIT = 4096  # characters of stdout/stderr kept for diagnostics
-STATUS_MARKER = "evalsuite-sandbox: "  # first stderr line: the confinement the bootstrap applied
+REPORT_LIMIT = 64 * 1024  # bytes read from the result pipe
 # Per-run uids are drawn from a range no distribution hands out to accounts.
 UID_RANGE = (1_500_000_000, 2_000_000_000)
+CHOICE_ENV = "EVALSUITE_SANDBOX"  # "weak" accepts the weaker confinement where namespaces are missing
+NO_NAMESPACES_ENV = "EVALSUITE_SANDBOX_NO_NAMESPACES"  # tests only: behave as if namespaces were missing
+SETUP_SOURCE = (Path(__file__).parent / "sandbox_setup.py").read_text(encoding="utf-8")
+RUNNER_SOURCE = (Path(__file__).parent / "sandbox_runner.py").read_text(encoding="utf-8")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox this system offers is weaker than what was asked for."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +56,7 @@ class SandboxLimits:
     address_space_bytes: int = 512 * 1024 * 1024
     file_size_bytes: int = 1024 * 1024  # any one file, stdout and stderr included
     max_processes: int = 1  # the program itself: no fork, no threads
-    disk_bytes: int = 16 * 1024 * 1024  # the whole working directory, where a tmpfs can be mounted
+    disk_bytes: int = 16 * 1024 * 1024  # everything it can write, where a tmpfs can be mounted
     open_files: int = 64
 
 
@@ -53,110 +66,49 @@ class SandboxResult:
     timed_out: bool
     stdout: str
     stderr: str
-    confinement: tuple[str, ...] = field(default=())  # what the bootstrap applied, e.g. 'network-namespace'
+    confinement: tuple[str, ...] = field(default=())  # what the sandbox applied, e.g. 'pid-namespace'
+    finished: bool = False  # the program returned normally: its interpreter sent the run's token
 
     @property
     def passed(self) -> bool:
-        return not self.timed_out and self.returncode == 0
+        return self.finished and not self.timed_out and self.returncode == 0
 
 
-# Runs as the child's first code, with nothing imported from the evaluator. Order matters:
-# namespaces and mounts need root, so they come before the uid is dropped.
-BOOTSTRAP = r'''
-import ctypes, json, os, resource, runpy, sys
-
-cfg = json.loads(sys.argv[1])
-applied = []
+# Can this process give a child its own namespaces and mounts? Asked once, in a throwaway child.
+NAMESPACE_PROBE = r"""
+import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+ok = os.geteuid() == 0 and libc.unshare(0x00020000 | 0x08000000 | 0x20000000 | 0x40000000) == 0
+ok = ok and libc.mount(None, b"/", None, 16384 | (1 << 18), None) == 0
+ok = ok and libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 6, b"size=64k") == 0
+os._exit(0 if ok else 1)
+"""
 
-def mount(source, target, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), target)
 
-def traversable_by_others(path):
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(2, len(parts) + 1):
-        if not os.stat(os.sep.join(parts[:i]) or os.sep).st_mode & 0o001:
-            return False
-    return True
+@functools.lru_cache(maxsize=1)
+def _namespaces_work() -> bool:
+    probe = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", NAMESPACE_PROBE], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+    return probe.returncode == 0
 
-def expose(tree, staging):
-    """Make `tree` readable to an unprivileged uid: hide its closed ancestor under a tmpfs and bind the tree back."""
-    tree = os.path.realpath(tree)
-    parts = tree.split(os.sep)
-    closed = next(os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)
-                  if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001)
-    mount(tree, staging, None, MS_BIND | MS_REC)
-    mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-    os.makedirs(tree, mode=0o755, exist_ok=True)
-    mount(staging, tree, None, MS_BIND | MS_REC)
-    mount(None, tree, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
-workdir, uid = cfg["workdir"], cfg["uid"]
-with open(os.path.join(workdir, "program.py"), encoding="utf-8") as f:
-    source = f.read()
+def confinement_in_force() -> str:
+    """"namespaces" or "weak": what generated code gets on this system, decided here, never by the program."""
+    if os.environ.get(NO_NAMESPACES_ENV) or not _namespaces_work():
+        return "weak"
+    return "namespaces"
 
-as_root = os.geteuid() == 0
-if as_root and libc.unshare(CLONE_NEWNET | CLONE_NEWNS) == 0:
-    applied.append("network-namespace")
-    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the host
-    try:
-        mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"size={cfg['disk_bytes']},mode=0700,uid={uid},gid={uid}")
-        applied.append("disk-quota")
-        if not traversable_by_others(sys.base_prefix):
-            expose(sys.base_prefix, cfg["staging"])
-    except OSError as exc:
-        sys.stderr.write(f"sandbox mount failed: {exc}\n")
-elif not as_root and libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-    applied.append("network-namespace")
 
-os.umask(0o077)
-os.chdir(workdir)  # the tmpfs, if one was mounted over the directory Popen started in
-with open("program.py", "w", encoding="utf-8") as f:
-    f.write(source)
-
-if as_root:
-    if traversable_by_others(sys.base_prefix):
-        os.chown(".", uid, uid)
-        os.chown("program.py", uid, uid)
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        applied.append("own-uid")
-    else:  # never run untrusted code as root: no process limit binds it, it could kill the evaluator
-        sys.stderr.write("sandbox: the interpreter is unreadable to an unprivileged uid and no mount "
-                         "namespace can expose it; refusing to run the program as root\n")
-        sys.exit(126)
-
-limits = cfg["limits"]
-for name, value, hard in (("RLIMIT_CPU", limits["cpu_seconds"], limits["cpu_seconds"] + 1),
-                          ("RLIMIT_AS", limits["address_space_bytes"], None),
-                          ("RLIMIT_FSIZE", limits["file_size_bytes"], None),
-                          ("RLIMIT_NOFILE", limits["open_files"], None),
-                          ("RLIMIT_NPROC", limits["max_processes"], None),
-                          ("RLIMIT_CORE", 0, None)):
-    resource.setrlimit(getattr(resource, name), (value, value if hard is None else hard))
-applied.append("rlimits")
-
-if "network-namespace" not in applied:
-    def refuse_network(event, args):
-        if event.startswith("socket.") or event in ("ctypes.dlopen", "ctypes.dlsym"):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-    sys.addaudithook(refuse_network)  # cannot be removed by the program
-    applied.append("socket-audit-hook")
-
-sys.stderr.write("evalsuite-sandbox: " + json.dumps(applied) + "\n")
-sys.stderr.flush()
-del cfg, libc, limits, source
-sys.argv = ["program.py"]
-runpy.run_path("program.py", run_name="__main__")
-'''
+def _mode_to_use() -> str:
+    choice = os.environ.get(CHOICE_ENV, "")
+    if choice not in ("", "weak"):
+        raise SandboxUnavailable(f"{CHOICE_ENV}={choice!r} is not a sandbox: set it to 'weak' or leave it unset")
+    mode = confinement_in_force()
+    if mode == "weak" and choice != "weak":
+        raise SandboxUnavailable(
+            "generated code would run without namespaces here (that needs root with CAP_SYS_ADMIN): "
+            f"run as such, or accept the weaker sandbox with --sandbox weak ({CHOICE_ENV}=weak)")
+    return mode
 
 
 def _limits_dict(limits: SandboxLimits) -> dict:
@@ -199,30 +151,49 @@ def _kill_all(process: subprocess.Popen, uid: int | None) -> None:
         time.sleep(0.01)
 
 
-def _read_output(handle, tail: bool, start: int = 0) -> str:
-    """The first (or last) OUTPUT_LIMIT characters written from byte `start` on."""
+def _read_output(handle, tail: bool) -> str:
+    """The first (or last) OUTPUT_LIMIT characters written."""
     size = handle.seek(0, os.SEEK_END)
-    handle.seek(max(start, size - OUTPUT_LIMIT * 4) if tail else start)
+    handle.seek(max(0, size - OUTPUT_LIMIT * 4) if tail else 0)
     text = handle.read(OUTPUT_LIMIT * 4).decode("utf-8", errors="replace")
     return text[-OUTPUT_LIMIT:] if tail else text[:OUTPUT_LIMIT]
 
 
-def _split_status(handle) -> tuple[tuple[str, ...], int]:
-    """The bootstrap's status line at the head of stderr, and where the program's own stderr starts."""
-    handle.seek(0)
-    first = handle.readline(OUTPUT_LIMIT)
-    if first.startswith(STATUS_MARKER.encode()):
+def _read_report(fd: int) -> bytes:
+    """What is waiting on the result pipe; its writers are dead, or are not waited for."""
+    os.set_blocking(fd, False)
+    chunks, size = [], 0
+    while size < REPORT_LIMIT:
         try:
-            return tuple(json.loads(first[len(STATUS_MARKER):])), len(first)
-        except ValueError:
-            pass
-    return (), 0
+            chunk = os.read(fd, REPORT_LIMIT - size)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _parse_report(report: bytes, token: bytes) -> tuple[tuple[str, ...], bool]:
+    """The confinement line the sandbox wrote before the program existed, and whether exactly the
+    token followed it (anything the program wrote itself makes the run a failure)."""
+    first, _, rest = report.partition(b"\n")
+    try:
+        applied = json.loads(first)
+    except ValueError:
+        return (), False
+    if not isinstance(applied, list) or not all(isinstance(item, str) for item in applied):
+        return (), False
+    return tuple(applied), secrets.compare_digest(rest, token)
 
 
 def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Execute `source` in a confined interpreter; the exit status says whether it ran cleanly."""
+    """Execute `source` in a confined interpreter; passed only if it ran to its end, within its limits."""
     limits = limits or SandboxLimits()
+    mode = _mode_to_use()
     uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0] if os.geteuid() == 0 else None
+    token = secrets.token_hex(32).encode()
     outer = tempfile.mkdtemp(prefix="evalsuite-sandbox-")
     try:
         os.chmod(outer, 0o711)  # traversable, not listable: the run's uid reaches only its own directory
@@ -232,26 +203,38 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
         os.mkdir(staging, 0o700)
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
             f.write(source)
-        config = {"workdir": workdir, "staging": staging, "uid": uid, "disk_bytes": limits.disk_bytes,
-                  "limits": _limits_dict(limits)}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "-c", BOOTSTRAP, json.dumps(config)],
-                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                start_new_session=True,  # its own process group, killable as a whole
-            )
-            timed_out = False
+            result_r, result_w = os.pipe()  # the private channel: the confinement line, then the token
             try:
-                process.wait(timeout=limits.wall_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                token_r, token_w = os.pipe()
+                try:
+                    os.write(token_w, token)
+                    config = {"mode": mode, "outer": outer, "workdir": workdir, "staging": staging, "uid": uid,
+                              "disk_bytes": limits.disk_bytes, "limits": _limits_dict(limits),
+                              "token_fd": token_r, "result_fd": result_w, "runner": RUNNER_SOURCE}
+                    process = subprocess.Popen(
+                        [sys.executable, "-I", "-S", "-B", "-c", SETUP_SOURCE, json.dumps(config)],
+                        cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                        pass_fds=(token_r, result_w),
+                        start_new_session=True,  # its own process group, killable as a whole
+                    )
+                finally:  # the child holds its own copies
+                    for fd in (token_r, token_w, result_w):
+                        os.close(fd)
+                timed_out = False
+                try:
+                    process.wait(timeout=limits.wall_seconds)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                finally:
+                    _kill_all(process, uid)
+                    process.wait()
+                confinement, finished = _parse_report(_read_report(result_r), token)
             finally:
-                _kill_all(process, uid)
-                process.wait()
-            confinement, program_stderr_at = _split_status(err)
+                os.close(result_r)
             stdout = _read_output(out, tail=False)
-            stderr = _read_output(err, tail=True, start=program_stderr_at)
-        return SandboxResult(process.returncode, timed_out, stdout, stderr, confinement)
+            stderr = _read_output(err, tail=True)
+        return SandboxResult(process.returncode, timed_out, stdout, stderr, confinement, finished)
     finally:
         shutil.rmtree(outer, ignore_errors=True)
