@@ -131,8 +131,10 @@ def truncate_completion(completion: str) -> str:
 
 
 def code_program(doc: dict, completion: str) -> str:
-    """The prompt, the completed body, the task's tests, and last the call that runs them."""
-    return f"{doc['prompt']}{truncate_completion(completion)}\n\n{doc['test']}\n\ncheck({doc['entry_point']})\n"
+    """The prompt, the completed body, the task's tests, and last the call that runs them. The `pass`
+    between completion and tests makes a completion that ends in a decorator a syntax error: the
+    decorator would otherwise wrap `check` and pass without testing anything."""
+    return f"{doc['prompt']}{truncate_completion(completion)}\n\npass\n\n{doc['test']}\n\ncheck({doc['entry_point']})\n"
 
 
 def code_passes(doc: dict, completion: str, limits: SandboxLimits | None = None) -> bool:
