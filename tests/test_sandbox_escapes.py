@@ -65,7 +65,8 @@ FORGERIES = {
     # Look for the pass token on every inherited descriptor, then copy what was read to all of them.
     "descriptors": "import os\nseen = []\nfor fd in range(3, 64):\n    try:\n        seen.append(os.read(fd, 4096))\n"
                    "    except OSError:\n        pass\nfor fd in range(3, 64):\n    for data in seen + [b'ok\\n']:\n"
-                   "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\nos._exit(0)\n",
+                   "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\n"
+                   "os._exit(0)\n",
     "frames": "import sys\nf = sys._getframe()\nwhile f.f_back:\n    f = f.f_back\nprint(f.f_locals)\n",
     "traceback": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    f = e.__traceback__.tb_frame\n"
                  "    while f.f_back:\n        f = f.f_back\n    print(f.f_locals)\n",
@@ -190,7 +191,8 @@ def test_unix_sockets_on_the_host_are_out_of_reach():
 
 def test_host_processes_are_invisible():
     secret = f"hunter2-{uuid.uuid4().hex}"
-    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--db", f"postgresql://u:{secret}@db"])
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                             "--db", f"postgresql://u:{secret}@db"])
     try:
         source = ("import os\nfound, pids = [], [p for p in os.listdir('/proc') if p.isdigit()]\n"
                   "for pid in pids:\n    try:\n        found.append(open(f'/proc/{pid}/cmdline', 'rb').read())\n"

@@ -209,6 +209,7 @@ CHEATS = [
     "    import os\n    os._exit(0)\n",
     "    return None\nraise SystemExit(0)\n",
     "    return None\nimport os\nos._exit(0)\n",
+    "    return None\n@lambda f: lambda c: None\n",  # a decorator that would replace `check`
     "    import sys\n    f = sys._getframe()\n    while f.f_back:\n        f = f.f_back\n    return x * x\n",
     "    import gc\n    gc.get_objects()\n    return x * x\n",
     "    open('/dev/shm/big', 'wb').write(b'x' * (48 << 20))\n    return x * x\n",
