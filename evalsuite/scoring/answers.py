@@ -2,8 +2,9 @@
 
 The project's own tasks (scored below) and the benchmarks (benchmarks.py, mathvision.py) read
 numbers, yes/no verdicts, \\boxed{} answers and HumanEval programs with these same functions, so
-one generation extracts the same way whichever task scores it. Where a benchmark YAML uses one
-of lm-eval's own filters instead, it is built from the pattern defined here (tests check that).
+one generation extracts the same way whichever task scores it. Where a benchmark YAML uses
+lm-eval's own regex filter instead, its pattern is the one defined here (tests/test_answer_rules.py
+checks that).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """lm-eval filters and per-document metrics for the benchmark tasks (GSM8k, StrategyQA, AIME, HumanEval).
 
 The answer rules themselves live in answers.py, shared with the project's own tasks. GSM8k's
-strict-match and StrategyQA's final yes/no use lm-eval's own `regex` filter in the YAMLs, built
-from answers.GSM8K_STRICT and answers.YES_NO; the filters here are the ones lm-eval has no
-exact equivalent for. They have lm-eval's custom-filter signature `(resps, docs) -> filtered`,
+strict-match and StrategyQA's final yes/no use lm-eval's own `regex` filter in the YAMLs, with
+the patterns answers.GSM8K_STRICT and answers.YES_NO; the filters here are the ones lm-eval has
+no exact equivalent for. They have lm-eval's custom-filter signature `(resps, docs) -> filtered`,
 where `resps[i]` is the list of generations (one per repeat) for document `i`. Scorers have the
 `process_results(doc, results)` signature and return one value per metric named in the YAML.
 """
