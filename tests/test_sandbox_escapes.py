@@ -255,6 +255,24 @@ def test_weak_confinement_refuses_to_start_processes(monkeypatch):
             listener.accept()
 
 
+def test_weak_confinement_removes_what_the_run_left_in_shared_places(monkeypatch):
+    # Without namespaces the shared places are the host's; what the run's uid made there is
+    # removed once its processes are dead.
+    monkeypatch.setenv(NO_NAMESPACES, "1")
+    monkeypatch.setenv("EVALSUITE_SANDBOX", "weak")
+    name = f"evalsuite-test-{uuid.uuid4().hex}"
+    source = "".join(f"import os\nos.makedirs('{place}/{name}/deep')\nopen('{place}/{name}/deep/f', 'w').write('x')\n"
+                     for place in ("/tmp", "/var/tmp", "/dev/shm"))
+    try:
+        result = run_python(source, FAST)
+        assert result.passed, result
+        for place in ("/tmp", "/var/tmp", "/dev/shm"):
+            assert not os.path.exists(f"{place}/{name}"), place
+    finally:
+        for place in ("/tmp", "/var/tmp", "/dev/shm"):
+            shutil.rmtree(f"{place}/{name}", ignore_errors=True)
+
+
 # ---------------------------------------------------------------- the reported confinement
 
 def test_a_program_cannot_forge_the_reported_confinement():

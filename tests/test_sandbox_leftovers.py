@@ -9,9 +9,8 @@ import os
 
 import pytest
 
-from evalsuite.scoring.sandbox import UID_RANGE, SandboxLimits, run_python
+from evalsuite.scoring.sandbox import SHARED_PLACES, UID_RANGE, SandboxLimits, run_python
 
-SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
 SYSV_TABLES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
 
 

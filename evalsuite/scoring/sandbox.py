@@ -39,6 +39,7 @@ OUTPUT_LIMIT = 4096  # characters of stdout/stderr kept for diagnostics
 REPORT_LIMIT = 64 * 1024  # bytes read from the result pipe
 # Per-run uids are drawn from a range no distribution hands out to accounts.
 UID_RANGE = (1_500_000_000, 2_000_000_000)
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: private to each run in the namespaces
 CHOICE_ENV = "EVALSUITE_SANDBOX"  # "weak" accepts the weaker confinement where namespaces are missing
 NO_NAMESPACES_ENV = "EVALSUITE_SANDBOX_NO_NAMESPACES"  # tests only: behave as if namespaces were missing
 SETUP_SOURCE = (Path(__file__).parent / "sandbox_setup.py").read_text(encoding="utf-8")
@@ -151,6 +152,26 @@ def _kill_all(process: subprocess.Popen, uid: int | None) -> None:
         time.sleep(0.01)
 
 
+def _remove_files_of(uid: int) -> None:
+    """The weak confinement has no private temporary places: remove what the run's uid left in the
+    host's (its processes are dead by now, and nothing it made is followed through a link)."""
+    for place in SHARED_PLACES:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+
+
 def _read_output(handle, tail: bool) -> str:
     """The first (or last) OUTPUT_LIMIT characters written."""
     size = handle.seek(0, os.SEEK_END)
@@ -230,6 +251,8 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
                 finally:
                     _kill_all(process, uid)
                     process.wait()
+                    if mode == "weak" and uid is not None:
+                        _remove_files_of(uid)
                 confinement, finished = _parse_report(_read_report(result_r), token)
             finally:
                 os.close(result_r)
