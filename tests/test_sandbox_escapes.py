@@ -209,6 +209,14 @@ def test_host_processes_are_invisible():
     assert int(parent) != os.getpid()
 
 
+def test_the_programs_exit_status_comes_back_through_its_init():
+    for source, status in (("import os, time\nos.kill(os.getpid(), 9)\ntime.sleep(1)\n", -9),
+                           ("import os, time\nos.kill(os.getpid(), 15)\ntime.sleep(1)\n", -15),
+                           ("raise SystemExit(3)\n", 3)):
+        result = run_python(source, FAST)
+        assert result.returncode == status and not result.passed, result
+
+
 # ---------------------------------------------------------------- the weak confinement
 
 def test_namespaces_are_in_force_here():

@@ -3,13 +3,14 @@ SysV IPC objects, no mounts, no sandbox directories.
 
 `no_leftovers` snapshots those before a test module and compares after; the sandbox test modules
 use it. The checks look only at what the sandbox could have made (entries owned by a per-run
-uid, sandbox directories, mounts under them), so other processes on the machine do not disturb them.
+uid, this process's run directories, mounts under any run directory), so other processes on the
+machine do not disturb them.
 """
 import os
 
 import pytest
 
-from evalsuite.scoring.sandbox import SHARED_PLACES, UID_RANGE, SandboxLimits, run_python
+from evalsuite.scoring.sandbox import DIR_PREFIX, SHARED_PLACES, UID_RANGE, SandboxLimits, run_python
 
 SYSV_TABLES = ("/proc/sysvipc/shm", "/proc/sysvipc/msg", "/proc/sysvipc/sem")
 
@@ -19,7 +20,9 @@ def _sandbox_uid(uid: int) -> bool:
 
 
 def leftovers() -> set[str]:
-    """What sandboxed runs could have left on the host, as readable strings."""
+    """What sandboxed runs could have left on the host, as readable strings. Run directories count
+    only when this process made them: other processes on the machine may be mid-run."""
+    mine = f"{DIR_PREFIX}{os.getpid()}-"
     found = set()
     for place in SHARED_PLACES:
         for entry in os.scandir(place):
@@ -27,7 +30,7 @@ def leftovers() -> set[str]:
                 owner = entry.stat(follow_symlinks=False).st_uid
             except FileNotFoundError:
                 continue
-            if _sandbox_uid(owner) or entry.name.startswith("evalsuite-sandbox-"):
+            if _sandbox_uid(owner) or entry.name.startswith(mine):
                 found.add(f"file {entry.path} (uid {owner})")
     for table in SYSV_TABLES:
         with open(table) as f:
@@ -37,7 +40,7 @@ def leftovers() -> set[str]:
                 if _sandbox_uid(int(row["uid"])) or _sandbox_uid(int(row.get("cuid", -1))):
                     found.add(f"sysv {table} {line.strip()}")
     with open("/proc/self/mountinfo") as f:
-        found |= {f"mount {line.split()[4]}" for line in f if "evalsuite-sandbox-" in line}
+        found |= {f"mount {line.split()[4]}" for line in f if DIR_PREFIX in line}
     return found
 
 

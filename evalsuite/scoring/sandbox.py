@@ -39,7 +39,8 @@ OUTPUT_LIMIT = 4096  # characters of stdout/stderr kept for diagnostics
 REPORT_LIMIT = 64 * 1024  # bytes read from the result pipe
 # Per-run uids are drawn from a range no distribution hands out to accounts.
 UID_RANGE = (1_500_000_000, 2_000_000_000)
-SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: private to each run in the namespaces
+SHARED_PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+DIR_PREFIX = "evalsuite-sandbox-"  # then the evaluator's pid: whose run a directory was  # world-writable: private to each run in the namespaces
 CHOICE_ENV = "EVALSUITE_SANDBOX"  # "weak" accepts the weaker confinement where namespaces are missing
 NO_NAMESPACES_ENV = "EVALSUITE_SANDBOX_NO_NAMESPACES"  # tests only: behave as if namespaces were missing
 SETUP_SOURCE = (Path(__file__).parent / "sandbox_setup.py").read_text(encoding="utf-8")
@@ -215,7 +216,7 @@ def run_python(source: str, limits: SandboxLimits | None = None) -> SandboxResul
     mode = _mode_to_use()
     uid = secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0] if os.geteuid() == 0 else None
     token = secrets.token_hex(32).encode()
-    outer = tempfile.mkdtemp(prefix="evalsuite-sandbox-")
+    outer = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
     try:
         os.chmod(outer, 0o711)  # traversable, not listable: the run's uid reaches only its own directory
         workdir = os.path.join(outer, secrets.token_hex(8))

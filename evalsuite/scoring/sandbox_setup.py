@@ -83,7 +83,8 @@ def wait_for(pid) -> int:
 
 def exit_like(status: int):
     if status < 0:
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # the two whose action cannot be set
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(status & 0xFF)
 
