@@ -1,11 +1,14 @@
-"""Link profiles and the transfer worker: ordering, emulated time, failures surface as errors."""
+"""Link profiles and the transfer worker: ordering, chunks, preemption, cancel and promote,
+emulated time, late copies, failures surface as errors."""
 import threading
 import time
 
 import pytest
 import torch
 
-from evalsuite.engine.transfer import LINKS, Link, TransferEngine, TransferError, parse_link
+from evalsuite.engine.copies import HostCopies, LateCopies
+from evalsuite.engine.store import HostStore
+from evalsuite.engine.transfer import LINKS, Link, TransferCancelled, TransferEngine, TransferError, parse_link
 
 
 class DictStore:
@@ -86,3 +89,139 @@ def test_demand_loads_overtake_queued_prefetches():
         t.wait(timeout=5)
     engine.close()
     assert served == ["x", "d", "p"]
+
+
+# ---- chunks, preemption, cancel, promote ---------------------------------------------------
+# A 0.1 GB/s link: a 10 MB prefetch holds it ~100 ms, a chunk (its default size) ~1 ms.
+SLOW = Link("slow", 0.1e9, 0.0)
+BIG, SMALL = 2_500_000, 25_000  # float32 elements: 10 MB and 100 kB
+
+
+class RowStore(HostStore):
+    """A host store of the given rows (rows are stable, so transfers move in chunks)."""
+
+    def __init__(self, rows, gate: threading.Event | None = None):
+        self.rows, self.gate, self.read_order = rows, gate, []
+
+    def read(self, key):
+        self.read_order.append(key)
+        if self.gate is not None:
+            self.gate.wait()
+        return self.rows[key]
+
+    def copy_into(self, key, dst):
+        dst.copy_(self.rows[key])
+
+
+class CountingCopies(HostCopies):
+    """Host copies that count the elements moved."""
+
+    def __init__(self):
+        self.moved = 0
+
+    def copy(self, dst, src):
+        self.moved += dst.numel()
+        return super().copy(dst, src)
+
+
+def slow_link(rows, **kwargs):
+    copies = CountingCopies()
+    return TransferEngine(RowStore(rows), torch.device("cpu"), SLOW, copies=copies, **kwargs), copies
+
+
+def test_a_demand_load_preempts_an_in_flight_prefetch_which_resumes():
+    rows = {"p": torch.rand(BIG), "d": torch.rand(SMALL)}
+    engine, copies = slow_link(rows)
+    dst = {k: torch.zeros_like(v) for k, v in rows.items()}
+    prefetch = engine.submit("p", dst["p"], prefetch=True)
+    time.sleep(0.01)  # the prefetch is moving
+    start = time.perf_counter()
+    demand = engine.submit("d", dst["d"])
+    demand.wait(timeout=10)
+    demand_s = time.perf_counter() - start
+    assert not prefetch.done.is_set()
+    prefetch.wait(timeout=10)
+    engine.close()
+    assert demand_s < 0.04  # ~1 ms behind the prefetch's chunk + 1 ms of its own, not ~90 ms
+    assert torch.equal(dst["p"], rows["p"]) and torch.equal(dst["d"], rows["d"])
+    assert copies.moved == BIG + SMALL  # resumed where it stopped, never restarted
+    assert engine.pending() == 0 and engine.busy_s >= 0.1  # both moved in full
+
+
+def test_a_cancelled_prefetch_never_lands_and_never_writes_later():
+    rows = {"p": torch.rand(BIG), "q": torch.rand(SMALL)}
+    engine, copies = slow_link(rows)
+    dst = torch.zeros(BIG)
+    moving = engine.submit("p", dst, prefetch=True)
+    queued = engine.submit("q", torch.zeros(SMALL), prefetch=True)
+    time.sleep(0.02)
+    assert engine.cancel(queued) and engine.cancel(moving)
+    assert moving.done.wait(1) and queued.done.is_set() and not moving.landed()
+    dst.fill_(-1.0)  # the caller gave the slot to someone else
+    time.sleep(0.15)  # longer than the whole copy would have taken
+    engine.close()
+    assert torch.equal(dst, torch.full((BIG,), -1.0))
+    with pytest.raises(TransferCancelled, match="cancelled"):
+        moving.wait(timeout=1)
+    assert 0 < copies.moved < BIG // 2  # only the chunks moved before the cancel, none of the queued one
+    moved_s = copies.moved * 4 / SLOW.bandwidth
+    assert 0.9 * moved_s <= engine.busy_s < moved_s + 0.05  # the link's time counts only those chunks
+    assert engine.pending() == 0 and engine.seconds_per_transfer() is None
+
+
+def test_cancel_after_every_chunk_was_issued_changes_nothing():
+    rows = {"d": torch.rand(SMALL)}
+    engine, _ = slow_link(rows)
+    dst = torch.zeros(SMALL)
+    transfer = engine.submit("d", dst)
+    transfer.wait(timeout=10)
+    assert not engine.cancel(transfer) and transfer.landed()
+    engine.close()
+    assert torch.equal(dst, rows["d"])
+
+
+def test_a_promoted_prefetch_overtakes_other_prefetches():
+    gate = threading.Event()
+    rows = {k: torch.rand(SMALL) for k in ("x", "p1", "p2", "p3")}
+    store = RowStore(rows, gate=gate)
+    engine = TransferEngine(store, torch.device("cpu"))
+    first = engine.submit("x", torch.zeros(SMALL))  # occupies the worker until the gate opens
+    prefetches = {k: engine.submit(k, torch.zeros(SMALL), prefetch=True) for k in ("p1", "p2", "p3")}
+    assert engine.promote(prefetches["p3"]) and not engine.promote(first)
+    gate.set()
+    for t in (first, *prefetches.values()):
+        t.wait(timeout=5)
+    engine.close()
+    assert store.read_order == ["x", "p3", "p1", "p2"]
+
+
+def test_seconds_per_transfer_is_the_link_time_of_landed_transfers():
+    rows = {k: torch.rand(SMALL * 4) for k in range(3)}  # 400 kB: 4 ms each on the slow link
+    engine, _ = slow_link(rows)
+    for k in rows:
+        engine.submit(k, torch.zeros(SMALL * 4)).wait(timeout=10)
+    engine.close()
+    assert 0.004 <= engine.seconds_per_transfer() < 0.03 and engine.pending() == 0
+
+
+def test_chunk_size_follows_the_link_and_is_checked():
+    assert TransferEngine(RowStore({}), torch.device("cpu"), SLOW).chunk_bytes == 100_000  # 1 ms
+    with pytest.raises(ValueError, match="chunk_bytes=0 must be a positive"):
+        TransferEngine(RowStore({}), torch.device("cpu"), chunk_bytes=0)
+
+
+# ---- late copies --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("chunk_bytes", [None, 4096])
+def test_late_copies_land_after_submit_and_wait_orders_the_read(chunk_bytes):
+    rows = {0: torch.rand(10_000)}
+    engine = TransferEngine(RowStore(rows), torch.device("cpu"), chunk_bytes=chunk_bytes,
+                            copies=LateCopies(delay_s=0.05))
+    dst = torch.zeros(10_000)
+    transfer = engine.submit(0, dst)
+    assert transfer.issued.wait(1) and not transfer.done.is_set()
+    assert torch.isnan(dst).any()  # issued, not landed: the slot holds nothing usable yet
+    transfer.wait(timeout=5)
+    assert torch.equal(dst, rows[0])
+    assert transfer.done.wait(1) and transfer.landed()
+    engine.close()

@@ -1,22 +1,35 @@
-"""Asynchronous expert copies from a store to device cache slots, over a real or emulated link.
+"""Expert copies from a store to device cache slots, over a real or emulated link, in chunks.
 
-One worker thread owns the link and serves transfers one at a time (a link carries one copy at
-a time): demand loads first, then prefetches, each in submission order. On CUDA it issues each copy on a high-priority side stream and records an event, so the
-compute stream never makes a synchronous copy. An emulated link holds every transfer for
-latency + bytes / bandwidth, so offloaded timing can be studied on a machine without the
-hardware (a CPU-only box, or a GPU emulating phone flash).
+One worker thread owns the link (a link carries one copy at a time) and moves transfers one
+chunk (~1 ms of link time) at a time: after every chunk it serves the first demand load, else
+the first prefetch, so a demand load preempts an in-flight prefetch at the next chunk boundary
+and the prefetch resumes later where it stopped. `cancel` stops a transfer at a chunk boundary,
+`promote` gives a prefetch demand priority. An emulated link holds every chunk for its bytes /
+bandwidth (plus the latency once per transfer), so offloaded timing can be studied on a machine
+without the hardware.
+
+A transfer is *issued* once every chunk is handed to the copy backend (evalsuite.engine.copies)
+and *landed* once every chunk is in the slot: `done` is set only then (or when it failed or was
+cancelled and none of its chunks is still moving). A slot is usable only through `Transfer.wait`,
+which on CUDA makes the compute stream wait on the copy's event (no host synchronisation), or
+after `done`: nothing else may treat a slot as filled.
 """
 from __future__ import annotations
 
-import itertools
-import queue
 import re
 import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from .copies import CudaCopies, HostCopies
+from .store import HostStore
+
+CHUNK_SECONDS = 1e-3  # link time per chunk: the longest a demand load waits behind a prefetch
+NATIVE_CHUNK_BYTES = 16 * 2**20  # ~0.6 ms at PCIe 4.0 speed, when the link is not emulated
 
 
 @dataclass(frozen=True)
@@ -55,118 +68,263 @@ def parse_link(spec) -> Link | None:
     return Link(spec.strip(), float(match.group(1)) * 1e9, float(match.group(2) or 0) * 1e-6)
 
 
+def default_chunk_bytes(link: Link | None) -> int:
+    """About CHUNK_SECONDS of the link's time (at least 64 KiB), or NATIVE_CHUNK_BYTES."""
+    return NATIVE_CHUNK_BYTES if link is None else max(64 * 2**10, int(link.bandwidth * CHUNK_SECONDS))
+
+
 class TransferError(RuntimeError):
-    """A transfer failed or did not finish in time."""
+    """A transfer failed, was cancelled, or did not finish in time."""
+
+
+class TransferCancelled(TransferError):
+    """The transfer was cancelled: its slot holds nothing usable."""
 
 
 class Transfer:
-    """One copy of one expert into one slot; `wait()` blocks until the data is usable."""
+    """One copy of one expert into one slot; `wait()` makes the slot usable by the caller."""
 
-    def __init__(self, key, nbytes: int):
-        self.key, self.nbytes = key, nbytes
-        self.done = threading.Event()
+    def __init__(self, key, dst: torch.Tensor, prefetch: bool, link: "TransferEngine"):
+        self.key, self.dst, self.prefetch, self.link = key, dst, prefetch, link
+        self.nbytes = dst.numel() * dst.element_size()
+        self.issued = threading.Event()  # every chunk handed to the copy backend, or it failed / was cancelled
+        self.done = threading.Event()  # finished for good: landed, or failed with none of its chunks moving
         self.error: BaseException | None = None
-        self.cuda_event = None  # recorded on the side stream after the copy
-        self.slot_free = None  # recorded on the compute stream at submit time
-        self.seconds = 0.0  # time the link was busy with it
+        self.token = None  # the copy backend's note taken at submit (CUDA: the slot is free after it)
+        self.source: torch.Tensor | None = None  # the store's row, when the copy moves in chunks
+        self.last = None  # the copy backend's handle of the last chunk issued
+        self.moved = 0  # elements issued so far
+        self.out = 0  # chunks issued and not yet known to have landed
+        self.seconds = 0.0  # link time of its chunks
         self.submitted_at = time.perf_counter()
-        self.done_at = 0.0  # when the worker marked it done
+        self.issued_at = self.done_at = 0.0
         self.handoffs: list[float] | None = None  # the engine's record of waiter wake-ups
 
-    def ready(self) -> bool:
-        return self.done.is_set() and (self.cuda_event is None or self.cuda_event.query())
+    def landed(self) -> bool:
+        return self.done.is_set() and self.error is None
 
     def wait(self, timeout: float) -> float:
-        """Block until the copy landed; returns the seconds spent waiting."""
+        """Make the slot usable here: block until every chunk is issued, then order this thread's
+        reads after the copy (CUDA: the compute stream waits on its event; CPU: until it landed).
+        Returns the seconds spent waiting."""
         start = time.perf_counter()
-        blocked = not self.done.is_set()
-        if not self.done.wait(timeout):
-            raise TransferError(f"transfer of expert {self.key} did not finish within {timeout:g} s "
-                                "(raise transfer_timeout_s if the link is this slow)")
+        blocked = not self.issued.is_set()
+        if not self.issued.wait(timeout):
+            raise self._late(timeout)
+        if isinstance(self.error, TransferCancelled):
+            raise TransferCancelled(f"transfer of expert {self.key} was cancelled")
         if self.error is not None:
             raise TransferError(f"transfer of expert {self.key} failed: {self.error}") from self.error
-        if self.cuda_event is not None:
-            self.cuda_event.synchronize()
+        if not self.done.is_set() and self.last is not None:
+            left = max(0.0, timeout - (time.perf_counter() - start))
+            if not self.link.copies.make_ready(self.last, left):
+                raise self._late(timeout)
         end = time.perf_counter()
         if blocked and self.handoffs is not None:
-            self.handoffs.append(end - self.done_at)
+            self.handoffs.append(end - self.issued_at)
         return end - start
+
+    def _late(self, timeout: float) -> TransferError:
+        return TransferError(f"transfer of expert {self.key} did not finish within {timeout:g} s "
+                             "(raise transfer_timeout_s if the link is this slow)")
 
 
 class TransferEngine:
-    """Serves copy requests in order on a background thread (and a CUDA side stream)."""
+    """Serves copy requests chunk by chunk on a background thread: demand first, then prefetch.
 
-    def __init__(self, store, device: torch.device, link: Link | None = None, timeout_s: float = 60.0):
+    submit(key, dst, prefetch)  queue a copy; returns its Transfer
+    cancel(transfer)            drop it if queued, stop it at the next chunk boundary if moving;
+                                True if it will never land (its slot holds nothing usable: the
+                                caller gives the slot back), False if every chunk was already issued
+    promote(transfer)           give a queued or moving prefetch demand priority; True if it did
+    """
+
+    def __init__(self, store, device: torch.device, link: Link | None = None, timeout_s: float = 60.0,
+                 chunk_bytes: int | None = None, copies=None):
+        if chunk_bytes is not None and chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes={chunk_bytes} must be a positive number of bytes")
         self.store, self.link, self.timeout_s = store, link, timeout_s
-        self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
-        self.busy_s = 0.0
-        self.handoffs: list[float] = []  # per blocked wait: from the copy marked done to the waiter running
-        self._link_free_at = 0.0  # when the emulated link finishes its last transfer
-        self._last_done = 0.0
-        self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._order = itertools.count()
-        self._submitted = self._finished = 0
+        self.copies = copies or (CudaCopies(device) if device.type == "cuda" else HostCopies())
+        self.chunk_bytes = chunk_bytes or default_chunk_bytes(link)
+        self.busy_s = 0.0  # link time of every chunk moved, cancelled transfers' included
+        self.handoffs: list[float] = []  # per blocked wait: from the copy issued to the waiter running
+        self._lock = threading.Condition()
+        self._demand: deque = deque()  # Transfers in order; the first is the one moving
+        self._prefetch: deque = deque()
+        self._in_flight: deque = deque()  # (handle, transfer, wall seconds or None), oldest first
+        self._moving = None  # the transfer whose chunk the worker is moving right now
+        self._closing = False
+        self._link_free_at = 0.0  # when the emulated link finishes its last chunk
+        self._last_end = 0.0
+        self._submitted = self._finished = self._landed = 0
+        self._landed_s = 0.0
         self._worker = threading.Thread(target=self._serve, name="evalsuite-transfer", daemon=True)
         self._worker.start()
 
     def submit(self, key, dst: torch.Tensor, prefetch: bool = False) -> Transfer:
         """Queue a copy of expert `key` into `dst`; a prefetch waits behind every demand load."""
-        transfer = Transfer(key, dst.numel() * dst.element_size())
+        transfer = Transfer(key, dst, prefetch, self)
         transfer.handoffs = self.handoffs
-        if self.stream is not None:
-            # The slot may still be read by kernels queued on the compute stream for the expert
-            # it held before: the copy must start only after them.
-            transfer.slot_free = torch.cuda.Event()
-            transfer.slot_free.record(torch.cuda.current_stream(dst.device))
-        self._submitted += 1
-        self._queue.put((int(prefetch), next(self._order), transfer, dst))
+        transfer.token = self.copies.prepare(dst)
+        with self._lock:
+            self._submitted += 1
+            (self._prefetch if prefetch else self._demand).append(transfer)
+            self._lock.notify()
         return transfer
+
+    def cancel(self, transfer: Transfer) -> bool:
+        with self._lock:
+            if transfer.error is not None:
+                return True
+            if transfer.issued.is_set():
+                return False
+            self._dequeue(transfer)
+            self._stop(transfer, TransferCancelled(f"transfer of expert {transfer.key} was cancelled"))
+            return True
+
+    def promote(self, transfer: Transfer) -> bool:
+        with self._lock:
+            if not transfer.prefetch or transfer.issued.is_set():
+                return False
+            self._prefetch.remove(transfer)
+            transfer.prefetch = False
+            self._demand.append(transfer)
+            return True
 
     def pending(self) -> int:
         """Transfers submitted and not yet finished."""
         return self._submitted - self._finished
 
     def seconds_per_transfer(self) -> float | None:
-        """Measured link time per finished transfer (None before the first): from the later of its
-        submission and the previous transfer's end to its own end, so the worker's wake-up delays
-        and sleep overshoots count as the link's time, as the compute thread sees them."""
-        return self.busy_s / self._finished if self._finished else None
+        """Measured link time per landed transfer (None before the first): the sum of its chunks'
+        times. On CUDA without emulation a chunk's time is measured by events around its copy;
+        otherwise from the later of the transfer's submission and the previous chunk's end to the
+        chunk's end, so the worker's wake-up delays and sleep overshoots count as the link's time."""
+        return self._landed_s / self._landed if self._landed else None
 
     def handoff_seconds(self) -> float | None:
-        """Median time from a copy marked done to its blocked waiter running (None if none waited)."""
+        """Median time from a copy issued to its blocked waiter running (None if none waited)."""
         return statistics.median(self.handoffs) if self.handoffs else None
 
+    # ---- the worker --------------------------------------------------------------------------
     def _serve(self) -> None:
-        while (item := self._queue.get())[2] is not None:
-            _, _, transfer, dst = item
-            try:
-                if self.stream is not None:
-                    with torch.cuda.stream(self.stream):
-                        self.stream.wait_event(transfer.slot_free)
-                        self.store.copy_into(transfer.key, dst)
-                        transfer.cuda_event = torch.cuda.Event()
-                        transfer.cuda_event.record(self.stream)
-                else:
-                    self.store.copy_into(transfer.key, dst)
-                if self.link is not None:
-                    # Back-to-back transfers follow the link's own schedule, so the worker's
-                    # wake-up overshoots do not accumulate over a stream of copies.
-                    begins = max(self._link_free_at, transfer.submitted_at)
-                    self._link_free_at = begins + self.link.seconds(transfer.nbytes)
-                    remaining = self._link_free_at - time.perf_counter()
-                    if remaining > 0:
-                        time.sleep(remaining)
-                    self._link_free_at = max(self._link_free_at, time.perf_counter())
-            except BaseException as exc:  # handed to the waiter, never lost in the thread
-                transfer.error = exc
-            transfer.done_at = time.perf_counter()
-            transfer.seconds = transfer.done_at - max(self._last_done, transfer.submitted_at)
-            self._last_done = transfer.done_at
-            self.busy_s += transfer.seconds
-            self._finished += 1
-            transfer.done.set()
+        while True:
+            with self._lock:
+                while not (self._demand or self._prefetch or self._in_flight or self._closing):
+                    self._lock.wait()
+                transfer = self._demand[0] if self._demand else self._prefetch[0] if self._prefetch else None
+                if transfer is None and not self._in_flight:
+                    return  # closing, and nothing left to move
+                if len(self._in_flight) >= self.copies.depth:
+                    transfer = None  # the backend holds enough: let the oldest chunk land first
+                self._moving = transfer
+            if transfer is None:
+                self._land_oldest()
+            else:
+                self._move_chunk(transfer)
+
+    def _move_chunk(self, transfer: Transfer) -> None:
+        """Issue the next chunk of `transfer` (and hold the emulated link for it)."""
+        first, start, handle, error = transfer.moved == 0, transfer.moved, None, None
+        stop = transfer.dst.numel()
+        try:
+            if first:
+                self.copies.begin(transfer.token)
+                if isinstance(self.store, HostStore):  # a stable row: copy it chunk by chunk
+                    transfer.source = self.store.read(transfer.key)
+            if transfer.source is not None or self.link is not None:
+                stop = min(stop, start + max(1, self.chunk_bytes // transfer.dst.element_size()))
+            if transfer.source is not None:
+                handle = self.copies.copy(transfer.dst[start:stop], transfer.source[start:stop])
+            elif first:  # another store copies the whole expert at once; an emulated link still chunks its time
+                handle = self.copies.copy_from(self.store, transfer.key, transfer.dst)
+            self._hold_link(transfer, (stop - start) * transfer.dst.element_size(), first)
+        except BaseException as exc:  # handed to the waiter, never lost in the thread
+            error = exc
+        now = time.perf_counter()
+        wall = now - max(self._last_end, transfer.submitted_at)
+        self._last_end = now
+        with self._lock:
+            self._moving = None
+            transfer.moved = stop
+            if handle is not None:
+                transfer.out += 1
+                transfer.last = handle
+                # an asynchronous copy is timed when it lands, unless the emulated link sets its time
+                self._in_flight.append((handle, transfer, wall if self.link is not None else None))
+            if handle is None or self.link is not None:
+                self._count(transfer, wall)
+            if error is not None and transfer.error is None:
+                self._dequeue(transfer)
+                self._stop(transfer, error)
+            elif transfer.error is None and stop == transfer.dst.numel():
+                self._dequeue(transfer)
+                transfer.issued_at = now
+                transfer.issued.set()
+            self._finish_if_settled(transfer)
+
+    def _hold_link(self, transfer: Transfer, nbytes: int, first: bool) -> None:
+        if self.link is None:
+            return
+        # Back-to-back chunks follow the link's own schedule, not the worker's wake-ups, so sleep
+        # overshoots do not accumulate over the ~100 chunks of a slow link's transfer.
+        begins = max(self._link_free_at, transfer.submitted_at)
+        self._link_free_at = begins + nbytes / self.link.bandwidth + (self.link.latency if first else 0.0)
+        remaining = self._link_free_at - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def _land_oldest(self) -> None:
+        handle, transfer, wall = self._in_flight[0]
+        error = None
+        try:
+            self.copies.wait(handle)
+        except BaseException as exc:
+            error = exc
+        seconds = self.copies.seconds(handle) if wall is None and error is None else None
+        with self._lock:
+            self._in_flight.popleft()
+            transfer.out -= 1
+            if wall is None:
+                self._count(transfer, seconds or 0.0)
+            if error is not None and transfer.error is None:
+                self._dequeue(transfer)
+                self._stop(transfer, error)
+            self._finish_if_settled(transfer)
+
+    # ---- bookkeeping, under the lock ---------------------------------------------------------
+    def _count(self, transfer: Transfer, seconds: float) -> None:
+        transfer.seconds += seconds
+        self.busy_s += seconds
+
+    def _dequeue(self, transfer: Transfer) -> None:
+        queue = self._prefetch if transfer.prefetch else self._demand
+        if transfer in queue:
+            queue.remove(transfer)
+
+    def _stop(self, transfer: Transfer, error: BaseException) -> None:
+        transfer.error = error
+        transfer.issued_at = time.perf_counter()
+        transfer.issued.set()
+        self._finish_if_settled(transfer)
+
+    def _finish_if_settled(self, transfer: Transfer) -> None:
+        """Mark `transfer` done once it is issued (or stopped) and none of its chunks still moves."""
+        if not transfer.issued.is_set() or transfer.out or transfer is self._moving or transfer.done.is_set():
+            return
+        transfer.done_at = time.perf_counter()
+        transfer.source = None
+        self._finished += 1
+        if transfer.error is None:
+            self._landed += 1
+            self._landed_s += transfer.seconds
+        transfer.done.set()
 
     def close(self) -> None:
+        """Finish every queued transfer, then stop the worker and the copy backend."""
         if self._worker.is_alive():
-            self._queue.put((2, next(self._order), None, None))
+            with self._lock:
+                self._closing = True
+                self._lock.notify()
             self._worker.join(timeout=self.timeout_s)
+        self.copies.close()
