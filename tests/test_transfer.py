@@ -225,3 +225,17 @@ def test_late_copies_land_after_submit_and_wait_orders_the_read(chunk_bytes):
     assert torch.equal(dst, rows[0])
     assert transfer.done.wait(1) and transfer.landed()
     engine.close()
+
+
+def test_wait_landed_blocks_until_every_chunk_landed():
+    rows = {0: torch.rand(10_000)}
+    engine = TransferEngine(RowStore(rows), torch.device("cpu"), chunk_bytes=4096, copies=LateCopies(delay_s=0.05))
+    transfer = engine.submit(0, torch.zeros(10_000))
+    with pytest.raises(TransferError, match="did not finish within 0.01 s"):
+        transfer.wait_landed(timeout=0.01)  # three chunks, 50 ms each
+    assert transfer.wait_landed(timeout=5) > 0 and transfer.done.is_set()
+    cancelled = engine.submit(0, torch.zeros(10_000), prefetch=True)
+    engine.cancel(cancelled)
+    with pytest.raises(TransferCancelled):
+        cancelled.wait_landed(timeout=5)
+    engine.close()

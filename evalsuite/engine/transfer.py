@@ -111,10 +111,7 @@ class Transfer:
         blocked = not self.issued.is_set()
         if not self.issued.wait(timeout):
             raise self._late(timeout)
-        if isinstance(self.error, TransferCancelled):
-            raise TransferCancelled(f"transfer of expert {self.key} was cancelled")
-        if self.error is not None:
-            raise TransferError(f"transfer of expert {self.key} failed: {self.error}") from self.error
+        self._raise_error()
         if not self.done.is_set() and self.last is not None:
             left = max(0.0, timeout - (time.perf_counter() - start))
             if not self.link.copies.make_ready(self.last, left):
@@ -123,6 +120,22 @@ class Transfer:
         if blocked and self.handoffs is not None:
             self.handoffs.append(end - self.issued_at)
         return end - start
+
+    def wait_landed(self, timeout: float) -> float:
+        """Block the host until the copy landed (or failed): for bookkeeping that must know the
+        slot is no longer being written, such as giving it to another expert. Returns the seconds
+        spent waiting; raises as `wait` does."""
+        start = time.perf_counter()
+        if not self.done.wait(timeout):
+            raise self._late(timeout)
+        self._raise_error()
+        return time.perf_counter() - start
+
+    def _raise_error(self) -> None:
+        if isinstance(self.error, TransferCancelled):
+            raise TransferCancelled(f"transfer of expert {self.key} was cancelled")
+        if self.error is not None:
+            raise TransferError(f"transfer of expert {self.key} failed: {self.error}") from self.error
 
     def _late(self, timeout: float) -> TransferError:
         return TransferError(f"transfer of expert {self.key} did not finish within {timeout:g} s "
