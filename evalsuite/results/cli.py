@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 _DB_HELP = "results database: SQLAlchemy URL or SQLite path (default: $EVALSUITE_DB, else results/results.db)"
 _LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link",
@@ -69,9 +70,9 @@ def cmd_compare(args) -> int:
     from .compare import compare, format_comparison
 
     with _open(args) as db:
-        table = compare(db, args.run_a, args.run_b)
-    if args.task:
-        table = table[table["task"].isin(args.task)]
+        table = compare(db, args.run_a, args.run_b, tasks=args.task, force=args.force)
+    for warning in table.attrs["warnings"]:
+        print(f"evalsuite: warning: {warning}; compared anyway (--force)", file=sys.stderr)
     print(format_comparison(table))
     if args.csv:
         table.to_csv(args.csv, index=False)
@@ -104,6 +105,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("run_b", metavar="RUN_B")
     p.add_argument("--task", action="append", help="only this task (repeatable)")
     p.add_argument("--csv", help="also write the comparison to this CSV file")
+    p.add_argument("--force", action="store_true",
+                   help="compare runs that differ in model, task set, limit, few-shot or seed (with a warning)")
     p.set_defaults(run=cmd_compare)
 
     p = subparsers.add_parser("gate", help="check release gates (YAML rules); exit 1 when any fails")
