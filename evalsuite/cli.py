@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="greedy generation under several modes, with engine metrics")
     g.add_argument("--model", default="tiny:qwen3_moe", help="model directory, or tiny:<model_type> (random weights)")
-    g.add_argument("--modes", default="resident,on-demand", help="comma-separated execution modes")
+    g.add_argument("--modes", default="resident,on-demand",
+                   help="comma-separated execution modes (resident always runs first: the reference for the others)")
     g.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     g.add_argument("--max-new-tokens", type=int, default=16)
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))

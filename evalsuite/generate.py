@@ -1,11 +1,13 @@
 """Greedy generation under several execution modes, side by side (`evalsuite generate`).
 
 Each mode runs on a fresh copy of the model, so modes never share cache state; tokens are
-compared with the resident run, which is the reference.
+compared with the resident run, which is the reference: it runs first, and runs even when it is
+not among the modes asked for (its row then says so).
 """
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from tqdm import tqdm
@@ -16,8 +18,10 @@ from .metrics import token_divergence
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
 
-def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
-    """A model and its tokenizer: a directory/hub id, or `tiny:<model_type>` (random weights)."""
+def load_model(spec: str, dtype: str = "float32", device: str = "cpu", store: str = "host"):
+    """A model and its tokenizer: a directory/hub id, or `tiny:<model_type>` (random weights).
+    With store='disk' a directory is loaded without its experts (evalsuite.engine.load_skeleton):
+    the engine reads them from the checkpoint, so the model need not fit in memory."""
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     if spec.startswith("tiny:"):
         from .arch.tiny import TINY, tiny_model
@@ -28,6 +32,10 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
         return tiny_model(model_type, dtype=torch_dtype).to(device), None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if store == "disk" and os.path.isdir(spec):
+        from .engine.loading import load_skeleton
+
+        return load_skeleton(spec, torch_dtype, device), AutoTokenizer.from_pretrained(spec)
     model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype).to(device).eval()
     model.set_experts_implementation("eager")  # the kernel the engine reproduces bit for bit
     return model, AutoTokenizer.from_pretrained(spec)
@@ -49,10 +57,12 @@ def encode(prompts, tokenizer, vocab_size: int, device) -> tuple[torch.Tensor, t
 
 
 def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=16, **engine_options):
-    """Run every prompt (batch 1, greedy) under each mode; one result row per mode."""
+    """Run every prompt (batch 1, greedy) under resident, then under each other mode; one result row per mode,
+    resident's first (`requested` says whether it was among `modes`)."""
     rows, reference = [], None
     inputs = [encode([p], tokenizer, model.config.get_text_config().vocab_size, model.device) for p in prompts]
-    for mode in tqdm(modes, desc="modes", disable=len(modes) < 2):
+    ordered = ["resident"] + [m for m in modes if m != "resident"]
+    for mode in tqdm(ordered, desc="modes", disable=len(ordered) < 2):
         run = copy.deepcopy(model)
         options = {} if mode == "resident" else dict(engine_options)
         if mode == "on-demand":
@@ -66,7 +76,8 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
             token_divergence(o[0, i.shape[1]:].tolist(), r[0, i.shape[1]:].tolist())
             for o, r, (i, _) in zip(outputs, reference, inputs)]
         reference = outputs if mode == "resident" else reference
-        rows.append({"mode": mode, "same_as_resident": same, "divergence": divergence, **stats,
+        rows.append({"mode": mode, "requested": mode in modes, "same_as_resident": same, "divergence": divergence,
+                     **stats,
                      "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})
     return rows
 
@@ -81,6 +92,8 @@ def format_table(rows) -> str:
         recall = "-" if not r["recall"] else f"{next(iter(r['recall'].values()))['mean'] or 0:.3f}"
         lines.append(f"{r['mode']:<18}{same:>6}{recall:>8}{r['expert_uses']:>7}{hit:>10}{r['bytes_transferred'] / 1e6:>10.2f}"
                      f"{r['stall_s'] * 1e3:>10.1f}{_ms(r['ttft_ms']):>9}{_ms(r['tpot_ms']):>9}")
+    if rows and not rows[0].get("requested", True):
+        lines.append("(resident was not among --modes: it ran as the reference the others are compared with)")
     return "\n".join(lines)
 
 
