@@ -1,7 +1,14 @@
-"""The report's PNG plots. Each function returns None when it drew the plot, else a note why it did not."""
+"""The report's PNG plots. Each public function returns None when it drew the plot, else a note why it did not;
+the *_figure functions return the figure (or the note) for callers that want to look at it before saving.
+
+Every plot keeps its legend outside the data, gives each axis one unit, says in its title what was averaged,
+and writes run labels where they overlap no other label and no point.
+"""
 from __future__ import annotations
 
 import math
+import re
+import textwrap
 
 import matplotlib
 
@@ -9,8 +16,14 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 
 MARKERS = "osD^vP*Xh<>"
+DPI = 110
+ACCURACY = "accuracy: mean over the run's tasks of each task's main metric"
+TPOT = "TPOT: median over requests, mean over the run's tasks"
 
 
 def pareto_front(tpot, accuracy) -> np.ndarray:
@@ -29,92 +42,217 @@ def _label(value) -> str:
     return "none" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def accuracy_vs_tpot(summary: pd.DataFrame, path: str) -> str | None:
+def _save(figure, path: str) -> str | None:
+    if isinstance(figure, str):
+        return figure
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    return None
+
+
+def _title(fig, text: str) -> None:
+    """A figure title wrapped to the figure's width (about 7 pt per character at 9 pt)."""
+    fig.suptitle(textwrap.fill(text, width=int(fig.get_figwidth() * 72 / 5.2)), fontsize=9)
+
+
+def _freeze_layout(fig) -> None:
+    """Lay the figure out now and keep it: labels are placed in pixels of this layout."""
+    fig.canvas.draw()
+    fig.set_layout_engine("none")
+
+
+# ---- run labels that overlap nothing ---------------------------------------------------------------------------
+_DIRECTIONS = ((1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1.4), (0, -1.4), (1.4, 0), (-1.4, 0))
+
+
+def _clusters(pixels: np.ndarray, radius: float) -> list[list[int]]:
+    """Indices of points within `radius` pixels of a cluster's first point, greedily: one label per cluster."""
+    clusters, seen = [], np.zeros(len(pixels), bool)
+    for i in range(len(pixels)):
+        if not seen[i]:
+            near = np.flatnonzero(~seen & (np.hypot(*(pixels - pixels[i]).T) <= radius))
+            seen[near] = True
+            clusters.append(near.tolist())
+    return clusters
+
+
+def place_labels(ax, xs, ys, names, fontsize: float = 7) -> list:
+    """Annotate points with their names (near-coincident points share one label), each label where it overlaps
+    no label placed before, no point and stays inside the axes; returns the annotations."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    pixels = ax.transData.transform(np.c_[np.asarray(xs, float), np.asarray(ys, float)])
+    frame = ax.get_window_extent(renderer)
+    taken = [Bbox.from_extents(x - 6, y - 6, x + 6, y + 6) for x, y in pixels]  # the markers
+    placed = []
+    for members in _clusters(pixels, radius=8):
+        text = ",".join(names[i] for i in sorted(members, key=lambda i: (len(names[i]), names[i])))
+        x, y = np.asarray(xs, float)[members[0]], np.asarray(ys, float)[members[0]]
+        label = None
+        for step in (7, 14, 24, 36, 50):
+            for dx, dy in _DIRECTIONS:
+                label = ax.annotate(text, (x, y), xytext=(dx * step, dy * step), textcoords="offset points",
+                                    ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                                    va="bottom" if dy > 0 else "top" if dy < 0 else "center", fontsize=fontsize,
+                                    color="0.25", arrowprops=dict(arrowstyle="-", color="0.55", lw=0.6,
+                                                                  shrinkA=0, shrinkB=4))
+                label.update_positions(renderer)
+                box = Text.get_window_extent(label, renderer).padded(1)  # the text, without its leader line
+                if frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1) and \
+                        not any(box.overlaps(other) for other in taken):
+                    taken.append(box)
+                    break
+                label.remove()
+                label = None
+            if label is not None:
+                break
+        if label is not None:
+            placed.append(label)
+    return placed
+
+
+# ---- accuracy vs TPOT --------------------------------------------------------------------------------------------
+def accuracy_vs_tpot_figure(summary: pd.DataFrame):
     data = summary.dropna(subset=["accuracy", "tpot_ms"])
     if data.empty:
         return "accuracy vs TPOT: no run has both a task accuracy and a whole-model TPOT"
     models = sorted(data["model"].map(_label).unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4.8), squeeze=False)
     modes = sorted(data["mode"].map(_label).unique())
     predictors = sorted(data["predictor"].map(_label).unique())
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(modes)}
-    for ax, model in zip(axes[0], models):
+    columns = min(3, len(models))
+    rows = math.ceil(len(models) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.2 * columns + 2.2, 4.4 * rows + 0.6), squeeze=False,
+                             layout="constrained", dpi=DPI)
+    for ax in axes.flat[len(models):]:
+        ax.set_visible(False)
+    for ax, model in zip(axes.flat, models):
         part = data[data["model"].map(_label) == model]
         for row in part.itertuples(index=False):
-            ax.scatter(row.tpot_ms, row.accuracy, color=colors[_label(row.mode)], s=55, zorder=3,
+            ax.scatter(row.tpot_ms, row.accuracy, color=colors[_label(row.mode)], s=45, zorder=3,
                        marker=MARKERS[predictors.index(_label(row.predictor)) % len(MARKERS)])
-            ax.annotate(f"#{row.id}", (row.tpot_ms, row.accuracy), textcoords="offset points", xytext=(5, 4),
-                        fontsize=7, color="0.35")
         front = part.iloc[pareto_front(part["tpot_ms"], part["accuracy"])]
         ax.step(front["tpot_ms"], front["accuracy"], where="post", color="0.3", linestyle="--", linewidth=1,
-                zorder=2, label="Pareto front")
-        ax.scatter(front["tpot_ms"], front["accuracy"], s=190, facecolors="none", edgecolors="black", zorder=4)
-        ax.set(title=f"{model}: accuracy vs TPOT", xlabel="TPOT (ms per output token)",
-               ylabel="mean task accuracy")
+                zorder=2)
+        ax.scatter(front["tpot_ms"], front["accuracy"], s=170, facecolors="none", edgecolors="black", zorder=4)
+        ax.set(title=model, xlabel="TPOT (ms per output token)", ylabel="accuracy (main metric, mean over tasks)")
+        ax.margins(0.12)
         ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], color=colors[m], marker="o", linestyle="", label=f"mode {m}") for m in modes]
     handles += [plt.Line2D([], [], color="0.2", marker=MARKERS[i % len(MARKERS)], linestyle="",
                            label=f"predictor {p}") for i, p in enumerate(predictors)]
     handles.append(plt.Line2D([], [], color="0.3", linestyle="--", marker="o", markerfacecolor="none",
-                              markersize=10, label="Pareto front"))
-    axes[0][-1].legend(handles=handles, fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+                              markeredgecolor="black", markersize=10, label="Pareto front"))
+    fig.legend(handles=handles, fontsize=8, loc="outside right center", title="#N: run id", title_fontsize=8)
+    _title(fig, f"Accuracy vs TPOT, one point per run ({ACCURACY}; {TPOT})")
+    _freeze_layout(fig)
+    for ax, model in zip(axes.flat, models):
+        part = data[data["model"].map(_label) == model]
+        place_labels(ax, part["tpot_ms"], part["accuracy"], [f"#{i}" for i in part["id"]])
+    return fig
 
 
-def recall_heatmap(layers: pd.DataFrame, path: str) -> str | None:
+def accuracy_vs_tpot(summary: pd.DataFrame, path: str) -> str | None:
+    return _save(accuracy_vs_tpot_figure(summary), path)
+
+
+# ---- recall per layer ----------------------------------------------------------------------------------------------
+def recall_heatmap_figure(layers: pd.DataFrame):
     data = layers.dropna(subset=["recall_at_k"])
     if data.empty:
         return "recall@K per layer: no per-layer recall stored"
     data = data.assign(k=data["k"].map(lambda k: "?" if pd.isna(k) else str(int(k))),
                        row=data["predictor"].map(_label) + (" / " + data["model"].map(_label)
                                                             if data["model"].nunique() > 1 else ""))
+    runs = data.groupby("row")["run_id"].nunique()
     ks = sorted(data["k"].unique(), key=lambda k: (k == "?", int(k) if k != "?" else 0))
-    fig, axes = plt.subplots(1, len(ks), figsize=(max(5.0, 0.55 * data["layer"].nunique() + 3) * len(ks),
-                                                   1.2 + 0.5 * data["row"].nunique()), squeeze=False)
+    fig, axes = plt.subplots(1, len(ks), figsize=(max(5.0, 0.55 * data["layer"].nunique() + 4) * len(ks),
+                                                   1.6 + 0.5 * data["row"].nunique()), squeeze=False,
+                             layout="constrained", dpi=DPI)
     for ax, k in zip(axes[0], ks):
         table = data[data["k"] == k].pivot_table(index="row", columns="layer", values="recall_at_k", aggfunc="mean")
         image = ax.imshow(table.to_numpy(float), vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(table.shape[1]), [str(int(c)) for c in table.columns])
-        ax.set_yticks(range(table.shape[0]), table.index)
-        ax.set(title=f"recall@{k} per layer (mean over runs and tasks)", xlabel="layer")
+        step = max(1, math.ceil(table.shape[1] / 24))  # at most ~24 layer ticks
+        ax.set_xticks(range(0, table.shape[1], step), [str(int(c)) for c in table.columns[::step]])
+        ax.set_yticks(range(table.shape[0]), [f"{r} ({runs[r]} run{'s' if runs[r] > 1 else ''})" for r in table.index])
+        ax.set(title=f"recall@{k} per layer: mean over each row's runs and tasks", xlabel="layer")
         if table.size <= 400:
             for (i, j), value in np.ndenumerate(table.to_numpy(float)):
                 if not math.isnan(value):
                     ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
                             color="white" if value < 0.6 else "black")
-        fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+        fig.colorbar(image, ax=ax, fraction=0.04, label=f"recall@{k}")
+    return fig
 
 
-def _capacity_number(value) -> float:
+def recall_heatmap(layers: pd.DataFrame, path: str) -> str | None:
+    return _save(recall_heatmap_figure(layers), path)
+
+
+# ---- hit rate vs cache capacity ----------------------------------------------------------------------------------
+CAPACITY_UNITS = ("share of all experts", "experts held", "MiB of experts")
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([KMGT]i?B)\s*$", re.IGNORECASE)
+_MIB = {"k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0 ** 2}
+
+
+def capacity_unit(value) -> tuple[str, float] | None:
+    """A stored cache capacity as (unit, number): '0.25' and 'all' are shares of all experts, '8' a count of
+    experts, '512MiB' a size; None when it is none of these."""
+    text = _label(value).strip()
+    if text == "all":
+        return CAPACITY_UNITS[0], 1.0
+    size = _SIZE.match(text)
+    if size:
+        return CAPACITY_UNITS[2], float(size.group(1)) * _MIB[size.group(2)[0].lower()]
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan  # '512MiB', 'all': no position on a numeric axis
+        number = float(text)
+    except ValueError:
+        return None
+    if re.fullmatch(r"\d+", text) and number >= 1:
+        return CAPACITY_UNITS[1], number
+    return (CAPACITY_UNITS[0], number) if 0 < number <= 1 else None
+
+
+def hit_rate_vs_capacity_figure(summary: pd.DataFrame):
+    parsed = summary["cache_capacity"].map(capacity_unit)
+    data = summary.assign(unit=parsed.map(lambda p: p and p[0]), capacity=parsed.map(lambda p: p and p[1]))
+    data = data.dropna(subset=["hit_rate", "capacity"])
+    if data.empty:
+        return "hit rate vs cache capacity: no run has a whole-model hit rate and a cache capacity"
+    keys = ["mode", "predictor", "cache_policy"]
+    data = data.assign(**{k: data[k].map(_label) for k in keys + ["model"]})
+    models = sorted(data["model"].unique())
+    units = [u for u in CAPACITY_UNITS if u in set(data["unit"])]
+    settings = sorted(data.groupby(keys).groups)
+    palette = plt.cm.tab10 if len(settings) <= 10 else plt.cm.tab20
+    colors = {s: palette(i % palette.N) for i, s in enumerate(settings)}
+    fig, axes = plt.subplots(len(models), len(units), figsize=(4.6 * len(units) + 2.6, 3.6 * len(models) + 0.6),
+                             squeeze=False, layout="constrained", dpi=DPI)
+    for r, model in enumerate(models):
+        for c, unit in enumerate(units):
+            ax, part = axes[r][c], data[(data["model"] == model) & (data["unit"] == unit)]
+            for setting, group in part.groupby(keys, sort=True):
+                line = group.groupby("capacity")["hit_rate"].mean()
+                ax.plot(line.index, line.to_numpy(), marker=MARKERS[settings.index(setting) % len(MARKERS)],
+                        color=colors[setting])
+            ax.set(title=model, xlabel=f"cache capacity ({unit})", ylabel="hit rate (fraction of expert uses)",
+                   ylim=(0, 1.02))
+            if unit == CAPACITY_UNITS[0]:
+                ax.set_xlim(0, 1.05)
+            elif not part.empty:  # counts and sizes from zero, so a lone capacity is not stretched over the axis
+                ax.set_xlim(0, part["capacity"].max() * 1.1)
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            if part.empty:
+                ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.5")
+            ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=colors[s], marker=MARKERS[i % len(MARKERS)], label=" / ".join(s))
+               for i, s in enumerate(settings)]
+    fig.legend(handles=handles, fontsize=8, loc="outside right center", title="mode / predictor / policy",
+               title_fontsize=8)
+    _title(fig, "Cache hit rate vs capacity (whole model, mean over the run's tasks; runs of one setting and "
+                "capacity averaged)")
+    return fig
 
 
 def hit_rate_vs_capacity(summary: pd.DataFrame, path: str) -> str | None:
-    data = summary.assign(capacity=summary["cache_capacity"].map(_capacity_number)).dropna(
-        subset=["hit_rate", "capacity"])
-    if data.empty:
-        return "hit rate vs cache capacity: no run has a whole-model hit rate and a numeric cache capacity"
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    keys = ["model", "mode", "predictor", "cache_policy"]
-    labelled = data.assign(**{k: data[k].map(_label) for k in keys})
-    for i, (key, group) in enumerate(labelled.groupby(keys, sort=True)):
-        line = group.groupby("capacity")["hit_rate"].mean()
-        ax.plot(line.index, line.to_numpy(), marker=MARKERS[i % len(MARKERS)], label=" / ".join(key))
-    ax.set(title="cache hit rate vs capacity", xlabel="cache capacity (experts, or share of all experts if < 1)",
-           ylabel="hit rate", ylim=(0, 1.02))
-    ax.grid(alpha=0.3)
-    ax.legend(title="model / mode / predictor / policy", fontsize=7, title_fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return _save(hit_rate_vs_capacity_figure(summary), path)
