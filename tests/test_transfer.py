@@ -239,3 +239,17 @@ def test_wait_landed_blocks_until_every_chunk_landed():
     with pytest.raises(TransferCancelled):
         cancelled.wait_landed(timeout=5)
     engine.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device checks the side-stream copies")
+def test_cuda_chunks_land_before_the_compute_stream_reads():
+    src = torch.rand(4_000_000).pin_memory()  # 16 MB: 16 chunks of 1 MiB, at most two in flight
+    engine = TransferEngine(RowStore({0: src}), torch.device("cuda"), chunk_bytes=2**20)
+    dst = torch.zeros(4_000_000, device="cuda")
+    transfer = engine.submit(0, dst)
+    transfer.wait(timeout=10)  # the compute stream waits on the copy's event; the host goes on
+    copied = dst.clone()  # queued on the compute stream, after that wait
+    transfer.wait_landed(timeout=10)
+    engine.close()
+    assert torch.equal(copied.cpu(), src)
+    assert engine.seconds_per_transfer() > 0  # timed by CUDA events around each chunk

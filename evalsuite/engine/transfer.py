@@ -88,6 +88,7 @@ class Transfer:
         self.key, self.dst, self.prefetch, self.link = key, dst, prefetch, link
         self.nbytes = dst.numel() * dst.element_size()
         self.issued = threading.Event()  # every chunk handed to the copy backend, or it failed / was cancelled
+        self.over = False  # the same, known to the worker first (under its lock): `done` is set before `issued`
         self.done = threading.Event()  # finished for good: landed, or failed with none of its chunks moving
         self.error: BaseException | None = None
         self.token = None  # the copy backend's note taken at submit (CUDA: the slot is free after it)
@@ -189,7 +190,7 @@ class TransferEngine:
         with self._lock:
             if transfer.error is not None:
                 return True
-            if transfer.issued.is_set():
+            if transfer.over:
                 return False
             self._dequeue(transfer)
             self._stop(transfer, TransferCancelled(f"transfer of expert {transfer.key} was cancelled"))
@@ -197,7 +198,7 @@ class TransferEngine:
 
     def promote(self, transfer: Transfer) -> bool:
         with self._lock:
-            if not transfer.prefetch or transfer.issued.is_set():
+            if not transfer.prefetch or transfer.over:
                 return False
             self._prefetch.remove(transfer)
             transfer.prefetch = False
@@ -272,8 +273,7 @@ class TransferEngine:
                 self._stop(transfer, error)
             elif transfer.error is None and stop == transfer.dst.numel():
                 self._dequeue(transfer)
-                transfer.issued_at = now
-                transfer.issued.set()
+                self._issuing_over(transfer)
             self._finish_if_settled(transfer)
 
     def _hold_link(self, transfer: Transfer, nbytes: int, first: bool) -> None:
@@ -317,13 +317,18 @@ class TransferEngine:
 
     def _stop(self, transfer: Transfer, error: BaseException) -> None:
         transfer.error = error
-        transfer.issued_at = time.perf_counter()
-        transfer.issued.set()
+        self._issuing_over(transfer)
+
+    def _issuing_over(self, transfer: Transfer) -> None:
+        # `done` first when nothing of it is still moving, so a waiter woken by `issued` that
+        # finds the copy landed also finds it done
+        transfer.over, transfer.issued_at = True, time.perf_counter()
         self._finish_if_settled(transfer)
+        transfer.issued.set()
 
     def _finish_if_settled(self, transfer: Transfer) -> None:
         """Mark `transfer` done once it is issued (or stopped) and none of its chunks still moves."""
-        if not transfer.issued.is_set() or transfer.out or transfer is self._moving or transfer.done.is_set():
+        if not transfer.over or transfer.out or transfer is self._moving or transfer.done.is_set():
             return
         transfer.done_at = time.perf_counter()
         transfer.source = None
