@@ -225,3 +225,16 @@ def test_engine_metrics_are_compared_on_the_paired_documents_when_stored_per_doc
     assert row["tpot_ms_a"] == pytest.approx(10.0) and math.isnan(row["recall_at_k_a"])
     without = engine_deltas(samples_a.drop(columns=["hit_rate", "tpot_ms"]), samples_b, whole_a, whole_b)
     assert without.loc["arith", "engine_basis"] == "whole-run" and without.loc["arith", "hit_rate_a"] == 0.9
+
+
+def test_a_gate_over_runs_that_measured_different_things_fails_with_the_reason(tmp_path):
+    from evalsuite.results.gate import evaluate_gates
+
+    db = open_db(tmp_path)
+    configured_run(db, [1, 1, 1, 1, 0], **{**SAME, "limit": 5})
+    run_b = configured_run(db, [1, 1, 1, 1, 1, 0, 1, 1, 1, 1], **SAME)
+    db._write(lambda conn: conn.exec_driver_sql(f"UPDATE runs SET mode = 'speculative' WHERE id = {run_b}"))
+    rule = {"name": "drop", "compare": {"baseline": {"mode": "resident"}, "candidate": {"mode": "speculative"}},
+            "metric": "exact_match", "max_drop": 0.02}
+    row = evaluate_gates(db, [rule]).iloc[0]
+    assert not row["passed"] and "limit (5 vs 10)" in row["detail"]

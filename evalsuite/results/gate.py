@@ -87,7 +87,10 @@ def _pair(runs, rule) -> tuple[dict, dict]:
 
 def _check_compare(db, runs, rule) -> dict:
     baseline, candidate = _pair(runs, rule)
-    table = compare(db, baseline["id"], candidate["id"])
+    try:
+        table = compare(db, baseline["id"], candidate["id"])
+    except ValueError as exc:  # the pair measured different things, or shares no task: the rule cannot pass
+        raise RuleError(str(exc)) from None
     table = table[table["metric"] == rule["metric"]]
     if "filter" in rule:
         table = table[table["filter"] == rule["filter"]]
