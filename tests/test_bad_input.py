@@ -1,6 +1,7 @@
 """Bad input gets a clear one-line error that says what to do."""
 import copy
 import os
+import re
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import evalsuite
 from evalsuite.arch import UnsupportedModelError
+from evalsuite.arch.tiny import tiny_model
 
 from .helpers import reference_model
 
@@ -53,6 +55,44 @@ def test_bad_options(option, value, message):
     with pytest.raises(ValueError, match=message):
         evalsuite.offload(model, **{option: value})
     assert model.model.layers[0].mlp.experts.gate_up_proj.numel() > 0  # nothing was taken out
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("transfer_timeout_s", "abc", "transfer_timeout_s='abc' must be a number of seconds above 0"),
+    ("transfer_timeout_s", float("inf"), "transfer_timeout_s=inf must be a number of seconds above 0"),
+    ("transfer_timeout_s", float("nan"), "transfer_timeout_s=nan"),
+    ("transfer_timeout_s", -1, "transfer_timeout_s=-1"),
+    ("transfer_timeout_s", 0, "transfer_timeout_s=0"),
+    ("horizon", 0, "horizon=0 must be a whole number of at least 1"),
+    ("horizon", "2", "horizon='2'"),
+    ("prefetch_budget", 0, "prefetch_budget=0"),
+    ("prefetch_budget", 2.5, "prefetch_budget=2.5"),
+    ("window", "no", "window='no' must be True or False"),
+    ("trace", 1, "trace=1 must be True or False"),
+    ("drift_threshold", float("nan"), "drift_threshold=nan must be a number in [0, 1]"),
+    ("drift_threshold", 1.5, "drift_threshold=1.5"),
+    ("recall_k", [0], "recall_k=[0]"),
+    ("recall_k", 2, "recall_k=2 must be a list"),
+    ("drift_layers", ["x"], "drift_layers=['x']"),
+    ("preserve_layers", [-1], "preserve_layers=[-1]"),
+    ("cache_capacity", float("nan"), "cache_capacity=nan"),
+    ("cache_capacity", True, "cache_capacity=True"),
+])
+@pytest.mark.parametrize("mode", ["resident", "speculative"])
+def test_bad_numeric_options(mode, option, value, message):
+    """Every option is checked whatever the mode, including those the mode does not use."""
+    model = fresh()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        evalsuite.offload(model, mode=mode, **{option: value})
+    assert model.model.layers[0].mlp.experts.gate_up_proj.numel() > 0
+    assert getattr(model, "_evalsuite_engine", None) is None
+
+
+@pytest.mark.parametrize("top_k,message", [(0, "num_experts_per_tok=0"), (9, "num_experts_per_tok=9")])
+def test_top_k_outside_one_to_the_number_of_experts(top_k, message):
+    model = tiny_model("qwen3_moe", num_experts_per_tok=top_k)
+    with pytest.raises(UnsupportedModelError, match=f"{message} .*between 1 and the 8 experts"):
+        evalsuite.offload(model)
 
 
 def test_disk_store_without_checkpoint(tmp_path):

@@ -49,7 +49,11 @@ class SparseLayer:
 
 
 def model_type(model: nn.Module) -> str:
-    config = model.config
+    return config_model_type(model.config)
+
+
+def config_model_type(config) -> str:
+    """The supported `model_type` of a transformers config (a VLM's may sit on its text config)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for candidate in (config.model_type, getattr(text, "model_type", None)):
         if candidate in FAMILIES:
@@ -58,12 +62,32 @@ def model_type(model: nn.Module) -> str:
 
 
 def family_of(model: nn.Module) -> ModuleType:
-    mtype = model_type(model)
+    return _family(model_type(model))
+
+
+def _family(mtype: str) -> ModuleType:
     if mtype not in FAMILIES:
         raise UnsupportedModelError(
             f"model type {mtype!r} is not supported; evalsuite offloads: {', '.join(SUPPORTED)}"
         )
     return FAMILIES[mtype]
+
+
+def check_top_k(top_k, num_experts, where: str) -> None:
+    """Each token is routed to top-k of the layer's experts: 1 <= top-k <= experts."""
+    if not (isinstance(top_k, int) and isinstance(num_experts, int) and 1 <= top_k <= num_experts):
+        raise UnsupportedModelError(f"{where}: num_experts_per_tok={top_k!r} must lie between 1 and the "
+                                    f"{num_experts} experts; fix the model's config.json")
+
+
+def check_config(config, where: str) -> None:
+    """Refuse, before any weight is loaded, a config evalsuite cannot offload: an unsupported
+    model type, or a top-k outside 1..number of experts."""
+    _family(config_model_type(config))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    experts = next((getattr(text, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")
+                    if getattr(text, name, None) is not None), None)
+    check_top_k(getattr(text, "num_experts_per_tok", None), experts, where)
 
 
 def sparse_layers(model: nn.Module) -> list[SparseLayer]:
@@ -78,6 +102,8 @@ def sparse_layers(model: nn.Module) -> list[SparseLayer]:
             continue  # a dense layer (first_k_dense_replace, mlp_only_layers, ...)
         router = getattr(block, family.ROUTER_ATTR)
         found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts", layer.post_attention_layernorm))
+    for layer in found:
+        check_top_k(layer.top_k, layer.num_experts, f"sparse layer {layer.index}")
     if not found:
         raise UnsupportedModelError(
             f"model type {model_type(model)!r} has no sparse MoE layers in this configuration; "

@@ -17,17 +17,16 @@ from .. import arch
 from ..metrics import Counters, EngineRecord, RequestTiming
 from ..modes import PredictionDriver
 from ..predict import Artifact, build_predictor
-from .cache import POLICIES, ExpertCache, capacity_in_experts, check_fits
+from .cache import ExpertCache, capacity_in_experts, check_fits
 from .kernel import run_experts
+from .options import MODES, POOLS, STORES, check_options
 from .scheduler import PrefetchScheduler
-from .store import ExpertLayout, HostStore, SafetensorsStore
+from . import placement
+from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
 from .token_kinds import TokenKinds, image_token_ids
 from .transfer import TransferEngine, TransferError, parse_link
 
-MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
 PREDICTING = ("router-preserving", "speculative", "hybrid")
-STORES = ("host", "disk")
-POOLS = ("global", "per-layer")
 IMPLEMENTATION = "evalsuite"
 
 
@@ -82,11 +81,12 @@ class Engine:
     def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
                  link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
                  predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
-                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False):
-        _check_choice("mode", mode, MODES)
-        _check_choice("store", store, STORES)
-        _check_choice("cache_pools", cache_pools, POOLS)
-        _check_choice("cache_policy", cache_policy, POLICIES)
+                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, device=None):
+        check_options(mode=mode, cache_capacity=cache_capacity, cache_policy=cache_policy, cache_pools=cache_pools,
+                      link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
+                      horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
+                      drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
+                      trace=trace)
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
         self.model, self.mode = model, mode
@@ -400,13 +400,15 @@ class Engine:
         self.close()
 
 
+def _device(device) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a device: use e.g. 'cuda', 'cuda:1' or 'cpu'") from None
+
+
 def _rows(args, kwargs) -> int:
     ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     return ids.shape[0] if ids is not None else 1
-
-
-def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of: {', '.join(choices)}")

@@ -13,23 +13,21 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
 
-from ..engine import MODES, offload
-from ..engine.cache import POLICIES
-from ..engine.offload import POOLS, STORES
+from ..engine import offload
+from ..engine.options import check_options
 from ..metrics import EngineRecord
-from ..predict import PREDICTOR_NAMES, fingerprint
+from ..predict import fingerprint
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s")
-CHOICES = {"mode": MODES, "predictor": PREDICTOR_NAMES, "cache_policy": POLICIES,
-           "cache_pools": POOLS, "store": STORES}
 
 
 def check_engine_args(args: dict) -> None:
-    """One-line errors listing the valid values, before any model is loaded."""
-    for name, valid in CHOICES.items():
-        if args.get(name) is not None and args[name] not in valid:
-            raise ValueError(f"specmoe: {name}={args[name]!r} is not one of: {', '.join(valid)}")
+    """The engine's own option rules (evalsuite.engine.options), applied before any model is loaded."""
+    try:
+        check_options(**{k: v for k, v in args.items() if k != "predictor_path"})
+    except ValueError as exc:
+        raise ValueError(f"specmoe: {exc}") from None
 
 
 class EngineAdapter:

@@ -1,0 +1,69 @@
+"""The engine's options and the one rule for each: `offload()` / `Engine`, the lm-eval adapters and
+the `evalsuite` commands all check options through `check_options`, before any model is touched.
+
+A bad value gets a one-line ValueError naming the option, the value and what would do.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from ..predict import PREDICTOR_NAMES
+from .cache import POLICIES, capacity_in_experts
+from .transfer import parse_link
+
+MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
+STORES = ("host", "disk")
+POOLS = ("global", "per-layer")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_whole(value, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_list_of_whole(value, least: int) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset)) and all(_is_whole(v, least) for v in value)
+
+
+def _one_of(choices, optional: bool = False):
+    return (lambda v: (optional and v is None) or v in choices), f"is not one of: {', '.join(choices)}"
+
+
+# option -> (test, what a value failing the test must be instead)
+RULES = {
+    "mode": _one_of(MODES),
+    "store": _one_of(STORES),
+    "cache_pools": _one_of(POOLS),
+    "cache_policy": _one_of(POLICIES),
+    "predictor": _one_of(PREDICTOR_NAMES, optional=True),
+    "transfer_timeout_s": (lambda v: _is_number(v) and v > 0,
+                           "must be a number of seconds above 0, e.g. transfer_timeout_s=60"),
+    "horizon": (lambda v: _is_whole(v, 1), "must be a whole number of at least 1 (sparse layers ahead)"),
+    "prefetch_budget": (lambda v: v is None or _is_whole(v, 1),
+                        "must be a whole number of at least 1 (experts considered per prediction)"),
+    "window": (lambda v: isinstance(v, bool), "must be True or False"),
+    "trace": (lambda v: isinstance(v, bool), "must be True or False"),
+    "drift_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "must be a number in [0, 1] (a recall)"),
+    "recall_k": (lambda v: v is None or (_is_list_of_whole(v, 1) and len(v) > 0),
+                 "must be a list of whole numbers of at least 1, e.g. [1, 2, 4]"),
+    "drift_layers": (lambda v: v is None or _is_list_of_whole(v, 0), "must be a list of decoder layer numbers"),
+    "preserve_layers": (lambda v: _is_list_of_whole(v, 0), "must be a list of decoder layer numbers"),
+}
+
+
+def check_options(**options) -> None:
+    """Raise ValueError for the first option of the wrong type or out of range. Options this module
+    has no rule for are left to their consumer (an unknown name fails as a TypeError there)."""
+    for name, value in options.items():
+        if name == "cache_capacity":
+            capacity_in_experts(value, total_experts=1, expert_bytes=1)  # the cache's own rule
+        elif name == "link":
+            parse_link(value)
+        elif name in RULES:
+            valid, must = RULES[name]
+            if not valid(value):
+                raise ValueError(f"{name}={value!r} {must}")
