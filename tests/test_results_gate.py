@@ -95,3 +95,13 @@ def test_bad_gate_files(tmp_path):
     make_run(db, mode="resident")
     table = evaluate_gates(db, load_rules(_write(tmp_path, "- {name: typo, where: {mdoe: resident}, metric: acc, min: 0}\n")))
     assert not table["passed"].any() and "unknown run column mdoe" in table["detail"][0]
+
+
+@pytest.mark.parametrize("threshold", ["min: .nan", "min: .inf", "max: -.inf", "min: high", "max_drop: [1]",
+                                       "or_not_significant: .nan", "min: true"])
+def test_thresholds_must_be_finite_numbers(tmp_path, threshold):
+    key = threshold.split(":")[0]
+    text = f"- {{name: floor, where: {{mode: resident}}, metric: exact_match, {threshold}}}\n"
+    with pytest.raises(ValueError, match=f"gate 'floor': {key} must be a finite number") as info:
+        load_rules(_write(tmp_path, text))
+    assert "\n" not in str(info.value)

@@ -21,6 +21,7 @@ _RUN_SELECTOR_KEYS = {"id", "model", "model_fingerprint", "mode", "predictor", "
                       "cache_policy", "link", "dtype", "device", "hardware", "evalsuite_version", "git_commit",
                       "lm_eval_version", "seed", "limit"}
 _KINDS = ("compare", "where", "ratio", "identical_samples")
+_THRESHOLDS = ("min", "max", "max_drop", "or_not_significant")
 
 
 class RuleError(ValueError):
@@ -38,6 +39,12 @@ def load_rules(config_path: str) -> list[dict]:
         kinds = [k for k in _KINDS if k in rule]
         if len(kinds) != 1:
             raise ValueError(f"gate {rule['name']!r} needs exactly one of {', '.join(_KINDS)}")
+        for key in _THRESHOLDS:  # checked here: a NaN bound passes every comparison, text breaks them
+            value = rule.get(key)
+            if key in rule and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                or not math.isfinite(value)):
+                raise ValueError(f"gate {rule['name']!r}: {key} must be a finite number, not {value!r}; "
+                                 f"fix it in {config_path}")
     return rules
 
 
