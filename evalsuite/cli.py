@@ -87,15 +87,22 @@ def cmd_calibrate(args) -> int:
 def cmd_eval(args) -> int:
     import os
 
+    from .lm.preflight import check_eval, split_names
     from .lm.suite import format_rows, run_suite
 
-    if args.limit < 1:
-        raise ValueError("--limit must be at least 1")
-    models = args.model.split(",") if args.model else default_models()
+    models = split_names(args.model, "--model") if args.model is not None else default_models()
     if args.data_dir:
         os.environ["EVALSUITE_DATA_DIR"] = os.path.abspath(args.data_dir)
-    tasks = args.tasks.split(",") if args.tasks else {model: default_tasks(model) for model in models}
-    rows = run_suite(models, args.modes.split(","), tasks, args.limit, predictor=args.predictor,
+    if args.tasks is not None:
+        tasks = split_names(args.tasks, "--tasks")
+    else:
+        tasks = {model: default_tasks(model) for model in models}
+    modes = split_names(args.modes, "--modes")
+    # the whole request is checked before run_suite loads the first model or stores anything
+    check_eval(models, modes, tasks, args.limit, predictor=args.predictor, predictor_path=args.predictor_path,
+               cache_capacity=args.cache_capacity, link=args.link, db_url=args.db,
+               confirm_run_unsafe_code=args.confirm_run_unsafe_code)
+    rows = run_suite(models, modes, tasks, args.limit, predictor=args.predictor,
                      predictor_path=args.predictor_path, cache_capacity=args.cache_capacity, link=args.link,
                      db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
                      fresh=args.fresh)

@@ -3,8 +3,10 @@
 Most cases call `evalsuite.cli.main([...])` in this process (each `evalsuite` start imports torch
 and lm-eval); a few run the installed console scripts to check the real entry points.
 """
+import json
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 
 from evalsuite.cli import main
 
-from .helpers import TASKS
+from .helpers import TASKS, shipped_model
 from .results_data import make_run, open_db
 
 UNREACHABLE_DB = "postgresql://nobody@127.0.0.1:1/x"
@@ -57,12 +59,39 @@ def files(tmp_path_factory):
     (folder / "not-a-model").mkdir()
     (folder / "predictor.safetensors").write_bytes(b"\x00" * 32)
     (folder / "a-file").write_text("occupied")
+    (folder / "gates-nan.yaml").write_text("- {name: floor, where: {mode: resident}, metric: exact_match, min: .nan}\n")
+    (folder / "gates-text.yaml").write_text("- {name: floor, where: {mode: resident}, metric: exact_match, min: high}\n")
+    truncated = copy_model(folder / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    for name, top_k in (("top-k-zero", 0), ("top-k-too-many", 17)):
+        config_path = copy_model(folder / name) / "config.json"
+        config = json.loads(config_path.read_text())
+        config["num_experts_per_tok"] = top_k
+        config_path.write_text(json.dumps(config))
+    for name, fields in SWEEPS.items():
+        cell = {"name": name, "models": [shipped_model()], "modes": ["resident", "on-demand"], "tasks": ["evalsuite_arith"],
+                "limit": 1, "out": str(folder / "sweep-out"), **fields}
+        (folder / f"sweep-{name}.yaml").write_text(json.dumps(cell))
     return folder
+
+
+def copy_model(folder):
+    shutil.copytree(shipped_model(), folder)
+    return folder
+
+
+# sweeps whose first cell (resident) is fine and whose later cells are not
+SWEEPS = {"capacity": {"cache_capacities": [-1]}, "predictor": {"modes": ["resident", "speculative"],
+                                                                 "predictors": ["psychic"]},
+          "link": {"links": ["carrier-pigeon"]}, "task": {"tasks": ["evalsuite_arith", "no_such_task"]},
+          "model": {"models": [shipped_model(), "/nonexistent/model"]}}
 
 
 def cases(f, db):
     """(command line, words the one-line message should contain)."""
     tiny = ["--model", "tiny:qwen3_moe"]
+    quick = ["--model", shipped_model(), "--modes", "resident", "--limit", "1"]
     return {
         # generate
         "generate: wrong type": (["generate", "--max-new-tokens", "many"], "invalid int value"),
@@ -105,6 +134,28 @@ def cases(f, db):
                                        "database"),
         "eval: unknown task": (["eval", "--model", str(f / "not-a-model"), "--tasks", "no_such_task", "--db", db],
                                "no_such_task"),
+        "eval: empty task list": (["eval", *quick, "--tasks", "", "--db", db], "--tasks"),
+        "eval: task list of commas": (["eval", *quick, "--tasks", ",", "--db", db], "--tasks"),
+        "eval: empty model list": (["eval", "--model", "", "--tasks", "evalsuite_arith", "--db", db], "--model"),
+        "eval: code task unconfirmed": (["eval", *quick, "--tasks", "evalsuite_arith,evalsuite_code", "--db", db],
+                                        "--confirm-run-unsafe-code"),
+        "eval: group with a code task unconfirmed": (["eval", *quick, "--tasks", "evalsuite_arith,evalsuite_tiny",
+                                                      "--db", db], "--confirm-run-unsafe-code"),
+        "eval: unknown predictor after a resident run": (["eval", *quick, "--modes", "resident,speculative",
+                                                          "--predictor", "psychic", "--tasks", "evalsuite_arith",
+                                                          "--db", db], "psychic"),
+        "eval: unknown link after a resident run": (["eval", *quick, "--modes", "resident,on-demand", "--link",
+                                                     "carrier-pigeon", "--tasks", "evalsuite_arith", "--db", db],
+                                                    "carrier-pigeon"),
+        "eval: capacity below one expert": (["eval", *quick, "--modes", "resident,on-demand", "--cache-capacity", "-1",
+                                             "--tasks", "evalsuite_arith", "--db", db], "cache_capacity"),
+        "eval: truncated checkpoint": (["eval", "--model", str(f / "truncated"), "--modes", "resident", "--limit", "1",
+                                        "--tasks", "evalsuite_arith", "--db", db], "model.safetensors"),
+        "eval: top-k zero": (["eval", "--model", str(f / "top-k-zero"), "--modes", "resident", "--limit", "1",
+                              "--tasks", "evalsuite_arith", "--db", db], "num_experts_per_tok=0"),
+        "eval: top-k above the experts": (["eval", "--model", str(f / "top-k-too-many"), "--modes", "resident",
+                                           "--limit", "1", "--tasks", "evalsuite_arith", "--db", db],
+                                          "num_experts_per_tok=17"),
         # results
         "runs: unreachable database": (["runs", "--db", UNREACHABLE_DB], "cannot open results database"),
         "runs: wrong type": (["runs", "--last", "few", "--db", db], "invalid int value"),
@@ -119,6 +170,11 @@ def cases(f, db):
         "gate: missing rules": (["gate", "--config", str(f / "nope.yaml"), "--db", db], "not found"),
         "gate: broken yaml": (["gate", "--config", str(f / "gates-broken.yaml"), "--db", db], "gates-broken.yaml"),
         "gate: unknown rule": (["gate", "--config", str(f / "gates-unknown.yaml"), "--db", db], "needs exactly one of"),
+        "gate: threshold not a number": (["gate", "--config", str(f / "gates-nan.yaml"), "--db", db], "'floor': min"),
+        "gate: threshold text": (["gate", "--config", str(f / "gates-text.yaml"), "--db", db], "'floor': min"),
+        **{f"sweep: bad {name}": (["sweep", str(f / f"sweep-{name}.yaml"), "--db", db], words)
+           for name, words in (("capacity", "cache_capacity=-1"), ("predictor", "psychic"),
+                               ("link", "carrier-pigeon"), ("task", "no_such_task"), ("model", "/nonexistent/model"))},
         "gate: unreachable database": (["gate", "--config", str(f / "gates-unknown.yaml"), "--db", UNREACHABLE_DB],
                                        "database"),
     }
@@ -155,6 +211,9 @@ def test_installed_evalsuite_command(stored):
 
 @pytest.mark.parametrize("model_args,words", [
     ("pretrained=tiny-nowhere,mode=fast", "mode='fast'"),
+    (f"pretrained={shipped_model()},mode=on-demand,transfer_timeout_s=abc", "transfer_timeout_s='abc'"),
+    (f"pretrained={shipped_model()},mode=on-demand,transfer_timeout_s=inf", "transfer_timeout_s=inf"),
+    (f"pretrained={shipped_model()},mode=on-demand,horizon=0", "horizon=0"),
     ("pretrained=/nonexistent/model,mode=on-demand", "/nonexistent/model"),
 ])
 def test_lm_eval_command_with_bad_model_args(tmp_path, model_args, words):

@@ -68,6 +68,24 @@ def test_bad_sweep_files_get_one_line(tmp_path, fields, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"cache_capacities": [-1]}, "cache_capacity=-1"),
+    ({"modes": ["resident", "speculative"], "predictors": ["psychic"]}, "psychic"),
+    ({"links": ["carrier-pigeon"]}, "carrier-pigeon"),
+    ({"tasks": ["evalsuite_arith", "no_such_task"]}, "no_such_task"),
+    ({"models": [shipped_model("tiny-qwen3-moe"), "/nonexistent/model"]}, "/nonexistent/model"),
+    ({"tasks": ["evalsuite_code"]}, "confirm_run_unsafe_code"),
+])
+def test_invalid_cells_are_refused_before_any_cell_runs(tmp_path, fields, message):
+    db_url = f"sqlite:///{tmp_path}/sweep.db"
+    sweep = load_sweep(write_sweep(tmp_path, **{"modes": ["resident", "on-demand"], **fields}))
+    with pytest.raises((ValueError, FileNotFoundError), match=".*") as info:
+        run_sweep(sweep, db_url=db_url)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    with ResultsDB(db_url) as db:
+        assert db.runs().empty
+
+
 def test_a_ray_cluster_needs_a_shared_database(tmp_path):
     sweep = load_sweep(write_sweep(tmp_path))
     with pytest.raises(ValueError, match="PostgreSQL"):

@@ -95,6 +95,28 @@ class Sweep:
         return cells
 
 
+def check_cells(cells: list[Cell], confirm_run_unsafe_code: bool, model_files: bool = True) -> None:
+    """Check every cell as `evalsuite eval` checks its own request (evalsuite.lm.preflight), before
+    any cell runs: one bad cell fails the sweep at once, naming the cell, and nothing is stored."""
+    from ..lm.preflight import check_eval, task_manager
+
+    manager = task_manager()  # built once for all cells
+    for cell in cells:
+        try:
+            check_eval([cell.model], [cell.mode], list(cell.tasks), cell.limit, predictor=cell.predictor,
+                       predictor_path=cell.predictor_path, cache_capacity=run_capacity(cell), link=cell.link,
+                       confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False,
+                       model_files=model_files)
+        except (ValueError, OSError) as exc:
+            kind = FileNotFoundError if isinstance(exc, OSError) else ValueError
+            raise kind(f"sweep cell {cell.label()}: {exc}") from None
+
+
+def run_capacity(cell: Cell):
+    """The cache capacity a cell runs with (a resident cell has none; run_suite wants a value)."""
+    return cell.cache_capacity if cell.cache_capacity is not None else 0.25
+
+
 def _list(raw: dict, name: str, default=None) -> list:
     value = raw.get(name, default)
     if value is None:

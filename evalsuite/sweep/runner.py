@@ -16,7 +16,7 @@ from multiprocessing import get_context
 
 from tqdm import tqdm
 
-from .grid import Cell, Sweep
+from .grid import Cell, Sweep, check_cells, run_capacity
 
 LOCAL_RAY = ("local", "")  # --ray local: start a Ray instance on this machine
 # Failures worth another attempt (out of memory, a lost connection, a crashed kernel); a bad model,
@@ -43,7 +43,7 @@ def run_cell(cell: dict, sweep_name: str, db_url: str | None, out_dir: str, conf
     started = time.time()
     rows = run_suite([c.model], [c.mode], list(c.tasks), c.limit, predictor=c.predictor,
                      predictor_path=c.predictor_path,
-                     cache_capacity=c.cache_capacity if c.cache_capacity is not None else 0.25, link=c.link,
+                     cache_capacity=run_capacity(c), link=c.link,
                      db_url=db_url, out_dir=out_dir, confirm_run_unsafe_code=confirm_run_unsafe_code,
                      progress=lambda *_: None, seed=c.seed, extra_config={"sweep": sweep_name, "sweep_cell": c.key})
     return {"key": c.key, "rows": rows, "seconds": time.time() - started}
@@ -81,6 +81,8 @@ def run_sweep(sweep: Sweep, db_url: str | None = None, ray_address: str | None =
     cells = sweep.cells()
     outcome = Outcome(skipped=[c.label() for c in cells if c.key in done])
     todo = [c for c in cells if c.key not in done]
+    # a remote cluster's workers hold the model files; the rest is checked here all the same
+    check_cells(todo, bool(sweep.confirm_run_unsafe_code), model_files=ray_address in (None, *LOCAL_RAY))
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc=f"sweep {sweep.name}")
     if outcome.skipped:
         tqdm.write(f"[sweep] {len(outcome.skipped)} of {len(cells)} cells already stored: skipped")

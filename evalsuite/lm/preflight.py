@@ -1,0 +1,175 @@
+"""Pre-flight: everything an eval request can get wrong, checked before any model is loaded.
+
+`evalsuite eval` checks its request with `check_eval`, and a sweep checks every cell with it before
+the first cell runs, so a bad model, checkpoint, task, option or database fails at once with one
+line that says what to do, and nothing is stored. The checks read only configs, task YAMLs and
+safetensors headers: a second or two (most of it building lm-eval's task index, once).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from .. import arch
+from ..engine.offload import PREDICTING
+from ..engine.options import check_options
+
+CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
+
+
+def split_names(text: str, flag: str) -> list[str]:
+    """'a,b' -> ['a', 'b']; a list that names nothing ('' or ',') is refused, not read as the default."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"{flag} {text!r} names nothing: give a comma-separated list, or leave {flag} out "
+                         "for the defaults")
+    return names
+
+
+def task_manager():
+    """lm-eval's index of its tasks and the project's (tasks/); building it takes a second or two."""
+    from lm_eval.tasks import TaskManager
+
+    from .suite import TASKS_DIR
+
+    return TaskManager(include_path=TASKS_DIR)
+
+
+def check_eval(models, modes, tasks, limit, *, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
+               db_url=None, confirm_run_unsafe_code=False, manager=None, open_db=True, model_files=True) -> None:
+    """Refuse a bad eval request (the arguments of `run_suite`) with a one-line ValueError or
+    FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep opens it once);
+    `model_files=False` skips what only the machine running the model can check (a Ray cluster's)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"--limit must be a whole number of at least 1, not {limit!r}")
+    if not models:
+        raise ValueError("no model to evaluate: pass --model DIR[,DIR]")
+    if not modes:
+        raise ValueError("no mode to run: pass --modes resident,on-demand,...")
+    for mode in modes:
+        check_options(mode=mode)
+    check_options(cache_capacity=cache_capacity, link=link, predictor=predictor)
+    manager = manager or task_manager()
+    tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
+    requested = _known_tasks(tasks_of, manager)
+    if open_db:
+        from ..results import ResultsDB
+
+        ResultsDB(db_url).close()  # a bad or unreachable URL fails here
+    if model_files:  # a missing model is named before the code tasks its defaults would bring
+        for model in models:
+            check_model_directory(model)
+    unsafe = unsafe_tasks(requested, manager)
+    if unsafe and not confirm_run_unsafe_code:
+        raise ValueError(f"{', '.join(unsafe)} run(s) model-written code (in the sandbox): {CONFIRM}")
+    if model_files:
+        for model in models:
+            check_model(model)
+        if predictor_path and any(mode in PREDICTING for mode in modes) and not os.path.isfile(predictor_path):
+            raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
+                                    "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
+
+
+def _known_tasks(tasks_of: dict, manager) -> list[str]:
+    """Every task requested for any model, each known to lm-eval, and none of the lists empty."""
+    if any(not names for names in tasks_of.values()):
+        raise ValueError("no task to run: pass --tasks TASK[,TASK] (docs/tasks.md)")
+    requested = sorted({task for names in tasks_of.values() for task in names})
+    unknown = [task for task in requested if task not in manager.all_tasks]
+    if unknown:
+        raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
+                         "(or `lm_eval ls tasks --include_path tasks`)")
+    return requested
+
+
+def unsafe_tasks(names, manager) -> list[str]:
+    """The names (tasks, groups, tags) among `names` that are, or contain, a task with `unsafe_code: true`."""
+    return [name for name in names if _runs_code(name, manager.task_index, set())]
+
+
+def _runs_code(name: str, index: dict, seen: set) -> bool:
+    entry = index.get(name)
+    if entry is None or name in seen:
+        return False
+    seen.add(name)
+    if entry.cfg is None:  # a tag: its member tasks
+        return any(_runs_code(member, index, seen) for member in entry.tags)
+    if "group" in entry.cfg:
+        children = entry.cfg.get("task") or []
+        return any(_child_runs_code(child, index, seen) for child in (children if isinstance(children, list)
+                                                                       else [children]))
+    return bool(entry.cfg.get("unsafe_code"))  # includes are resolved in the index's configs
+
+
+def _child_runs_code(child, index: dict, seen: set) -> bool:
+    if isinstance(child, str):
+        return _runs_code(child, index, seen)
+    if isinstance(child, dict):  # an inline config: its own flag, or the task or group it names
+        named = child.get("task", child.get("group"))
+        return bool(child.get("unsafe_code")) or (isinstance(named, str) and _runs_code(named, index, seen))
+    return False
+
+
+def check_model_directory(model: str) -> None:
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise FileNotFoundError(f"no model directory {model!r} (with a config.json): pass --model DIR "
+                                "(make eval MODEL=DIR), or train the shipped ones with `make tiny-models`")
+
+
+def check_model(model: str) -> None:
+    """A model directory with a config evalsuite can offload and a checkpoint that is whole."""
+    from transformers import AutoConfig
+
+    check_model_directory(model)
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (ValueError, OSError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{os.path.join(model, 'config.json')} cannot be read ({first}); fix or replace it") from None
+    arch.check_config(config, os.path.join(model, "config.json"))
+    check_checkpoint(model)
+
+
+def check_checkpoint(model: str) -> None:
+    """Every safetensors file of the checkpoint (one file, or the shards its index names) is whole."""
+    index = os.path.join(model, "model.safetensors.index.json")
+    single = os.path.join(model, "model.safetensors")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} is damaged (not JSON with a weight_map): copy it again from its source") from None
+        for shard in shards:
+            path = os.path.join(model, shard)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}, named in {index}, is missing: copy the model again from its source")
+            check_safetensors(path)
+    elif os.path.isfile(single):
+        check_safetensors(single)
+    else:
+        raise FileNotFoundError(f"no model.safetensors (or model.safetensors.index.json) in {model!r}: evalsuite "
+                                "reads safetensors checkpoints, as save_pretrained writes them")
+
+
+def check_safetensors(path: str) -> None:
+    """The file holds what its header promises: an 8-byte little-endian header length, a JSON header
+    of tensors with data_offsets, then exactly the data those offsets span."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little") if size >= 8 else None
+        if length is None or 8 + length > size:
+            raise ValueError(f"{path} is truncated ({size} bytes, shorter than its own header): "
+                             "copy it again from its source")
+        try:
+            header = json.loads(f.read(length))
+            end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
+                      default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise ValueError(f"{path} is damaged (its safetensors header does not parse): "
+                             "copy it again from its source") from None
+    expected = 8 + length + end
+    if size != expected:
+        state = "truncated" if size < expected else "damaged (longer than its header says)"
+        raise ValueError(f"{path} is {state}: {size} bytes where its header promises {expected}; "
+                         "copy it again from its source")
