@@ -37,7 +37,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args) -> int:
     from .generate import DEMO_PROMPTS, compare_modes, format_table, load_model
 
-    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.store)
     rows = compare_modes(model, tokenizer, args.modes.split(","), prompts=args.prompt or DEMO_PROMPTS,
                          max_new_tokens=args.max_new_tokens, cache_capacity=args.cache_capacity,
                          cache_policy=args.cache_policy, cache_pools=args.cache_pools, link=args.link,

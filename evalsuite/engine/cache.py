@@ -51,13 +51,16 @@ def free_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def check_fits(capacity: int, expert_bytes: int, device: torch.device, reserve: float = 0.1) -> None:
+def check_fits(capacity: int, expert_bytes: int, device: torch.device, reserve: float = 0.1,
+               other_bytes: int = 0) -> None:
     """Refuse a cache that would not fit, naming the largest capacity that would (keeping `reserve`
-    of the free memory for activations)."""
-    free = int(free_bytes(device) * (1 - reserve))
+    of the free memory for activations). `other_bytes` is what else the device will gain (weights
+    still to move there) or, negative, lose (expert weights the cache replaces)."""
+    free = int(free_bytes(device) * (1 - reserve)) - other_bytes
     if capacity * expert_bytes > free:
         raise ValueError(f"a cache of {capacity} experts ({capacity * expert_bytes / 2**30:.2f} GiB) does not fit "
-                         f"the memory free on {device}; the largest that fits is cache_capacity={free // expert_bytes}")
+                         f"the memory free on {device}; the largest that fits is "
+                         f"cache_capacity={max(0, free) // expert_bytes}")
 
 
 class Pool:

@@ -57,8 +57,12 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     cache_policy    'lru' or 'lfu'.   cache_pools  'global' or 'per-layer'.
     link            None / 'native' (real copies), a profile (pcie3, pcie4, pcie5, nvlink-c2c,
                     ufs4, ufs3, sdcard) or '8GB/s+20us': emulated transfer time.
-    store           'host' (pinned host memory) or 'disk' (read lazily from the safetensors
-                    checkpoint at `checkpoint`, default the model's own directory).
+    device          where the non-expert weights and the expert cache go (default: where the
+                    non-expert weights are); the model may sit anywhere, experts on meta included
+                    (evalsuite.engine.load_offloaded builds it so).
+    store           'host' (pinned host memory, one flat buffer per expert) or 'disk' (read when
+                    fetched from the safetensors checkpoint at `checkpoint`, default the model's
+                    own directory).
     predictor       gate | quasi | adapter | estimator | oracle | frequency | hybrid (default: gate,
                     hybrid for mode 'hybrid'); `predictor_path` or `artifact` holds its calibration.
                     In resident mode a predictor only measures recall.
@@ -95,7 +99,8 @@ class Engine:
         self.layout = ExpertLayout.of(self.layers[0].experts)
         if any(ExpertLayout.of(layer.experts) != self.layout for layer in self.layers):
             raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
-        self.device = self.layers[0].experts.gate_up_proj.device
+        self.unloaded = placement.experts_unloaded(self.layers, self.layout)  # built without its experts
+        self.device = _device(device) if device is not None else placement.home_device(model, self.layers, self.layout)
         self.timeout_s = transfer_timeout_s
         self.link = parse_link(link)
         self.record = self._fresh_record()
@@ -111,6 +116,12 @@ class Engine:
             self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers, drift_threshold)
         if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
+        else:
+            if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
+                placement.load_experts(self.layers, self.layout, self.family,
+                                       Checkpoint(checkpoint or model.config._name_or_path, self.layout.dtype),
+                                       self.device)
+            model.to(self.device)
         self.budget, self.tracer, self._hooks = budget, None, []
         ids = image_token_ids(model)
         self.kinds, self.hit_of = (TokenKinds(ids) if ids else None), {}  # metrics by token kind
@@ -151,17 +162,20 @@ class Engine:
             need = top_k * (len(self.layers) if per_layer else 1)
             raise ValueError(f"cache_capacity={cache_capacity!r} gives {pool_size} slots per pool, below "
                              f"top-k={top_k}: one token's experts must fit; use at least {need} experts")
-        check_fits(capacity, self.layout.nbytes, self.device)
+        check_fits(capacity, self.layout.nbytes, self.device, other_bytes=placement.device_bytes_change(
+            self.model, self.layers, self.layout, self.device, store))
         pin = self.device.type == "cuda"
-        if store == "host":
-            self.store = HostStore(self.layers, self.layout, pin)
+        path = checkpoint or self.model.config._name_or_path
+        if store == "host":  # a model built without its experts fills the host store from its checkpoint
+            source = Checkpoint(path, self.layout.dtype) if self.unloaded else None
+            self.store = HostStore(self.layers, self.layout, pin, source, self.family)
         else:
-            path = checkpoint or self.model.config._name_or_path
             self.store = SafetensorsStore(path, self.layers, self.layout, self.family, pin)
         for layer in self.layers:  # the device now holds only what the cache holds
             for name, _, _ in self.layout.fields:
                 empty = torch.empty(0, dtype=self.layout.dtype, device=self.device)
                 setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
+        placement.move_non_experts(self.model, self.layers, self.layout, self.device)
         self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
                                  self.layout.dtype, self.device, cache_policy, per_layer)
         self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
@@ -371,12 +385,13 @@ class Engine:
         self.record = self._fresh_record()
 
     def close(self) -> None:
-        """Stop transfers, put the experts back into the model and restore its kernel."""
+        """Stop transfers, put the experts back into the model and restore its kernel. A model built
+        without its experts gets them back on the meta device (not read whole into memory)."""
         if getattr(self.model, "_evalsuite_engine", None) is not self:
             return
         if self.transfers is not None:
             self.transfers.close()
-            for layer in self.layers:
+            for layer in [] if self.unloaded else self.layers:  # one built without experts leaves without
                 for name, shape, _ in self.layout.fields:
                     fused = torch.stack([self.layout.views(self.store.read((layer.index, e)))[name].clone()
                                          for e in range(layer.num_experts)]).to(self.device)
@@ -384,6 +399,8 @@ class Engine:
             # drop the big buffers now: engine, driver and scheduler refer to each other, so
             # the garbage collector would free them only some time later
             self.cache = self.store = self.transfers.store = None
+        if self.unloaded:
+            placement.drop_experts(self.layers, self.layout)
         for hook in self._hooks:
             hook.remove()
         if self.driver is not None:

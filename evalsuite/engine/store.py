@@ -2,16 +2,18 @@
 
 An expert's tensors (gate_up_proj, down_proj and, for GPT-OSS, their biases) are packed back to
 back in one flat buffer, so a transfer is one copy and a device cache slot is one flat row.
+Checkpoint tensors are read with plain file reads (`Checkpoint`), never memory-mapped, so what
+the process holds is what it allocated: experts already read do not stay mapped into it.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import struct
 from dataclasses import dataclass
 
 import torch
-from safetensors import safe_open
 
 EXPERT_PARAMS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
 
@@ -49,73 +51,156 @@ class ExpertLayout:
             view.copy_(tensors[name])
 
 
-class HostStore:
-    """Every expert of every sparse layer, taken out of the model into host memory.
+# Pinned host memory comes from an allocator that rounds each allocation up to a power of two:
+# experts are placed in slabs of this size, so rounding wastes less than one expert per slab.
+SLAB_BYTES = 256 * 2**20
 
-    One row of one contiguous buffer per expert (pinned when CUDA is present, so copies to the
-    device can be asynchronous). The model's fused expert parameters are emptied afterwards.
+
+class HostStore:
+    """Every expert of every sparse layer in host memory, each in a flat buffer of its own.
+
+    The buffers are rows of a few slabs (pinned when the device is CUDA, so copies are
+    asynchronous), filled expert by expert: from the model's fused parameters when they hold
+    the weights, or straight from `checkpoint` when the model was built without its experts.
     """
 
-    def __init__(self, layers, layout: ExpertLayout, pin: bool):
+    def __init__(self, layers, layout: ExpertLayout, pin: bool, checkpoint: "Checkpoint | None" = None,
+                 family=None):
         self.layout = layout
-        self.row = {}
-        count = sum(layer.num_experts for layer in layers)
-        self.buffer = torch.empty(count, layout.numel, dtype=layout.dtype, pin_memory=pin)
-        for layer in layers:
-            fused = {name: getattr(layer.experts, name) for name, _, _ in layout.fields}
-            for e in range(layer.num_experts):
-                row = len(self.row)
-                self.row[layer.index, e] = row
-                layout.pack({name: t[e] for name, t in fused.items()}, self.buffer[row])
+        self.rows: dict[tuple[int, int], torch.Tensor] = {}
+        per_slab = max(1, SLAB_BYTES // layout.nbytes)
+        keys = [(layer, e) for layer in layers for e in range(layer.num_experts)]
+        for first in range(0, len(keys), per_slab):
+            chunk = keys[first:first + per_slab]
+            slab = torch.empty(len(chunk), layout.numel, dtype=layout.dtype, pin_memory=pin)
+            for (layer, e), row in zip(chunk, slab):
+                if checkpoint is None:
+                    tensors = {name: getattr(layer.experts, name)[e] for name, _, _ in layout.fields}
+                else:
+                    tensors = family.read_expert(checkpoint, layer.experts_path, e)
+                layout.pack(tensors, row)
+                self.rows[layer.index, e] = row
 
     def copy_into(self, key: tuple[int, int], dst: torch.Tensor) -> None:
-        dst.copy_(self.buffer[self.row[key]], non_blocking=True)
+        dst.copy_(self.rows[key], non_blocking=True)
 
     def read(self, key: tuple[int, int]) -> torch.Tensor:
-        return self.buffer[self.row[key]]
+        return self.rows[key]
 
 
 class SafetensorsStore:
-    """Experts read lazily from the model's safetensors files (memory-mapped): experts on flash.
+    """Experts read from the model's safetensors files when fetched: experts on flash.
 
-    Nothing is read until an expert is fetched; each fetch reads that expert's tensors from the
-    checkpoint, packs them into a staging buffer and copies that to the device slot.
+    Nothing is read until an expert is fetched. A CPU slot is filled in place; a device slot
+    through a ring of staging buffers (pinned): an expert is read into one while the copies out
+    of the others are still running, so reading and copying overlap.
     """
+
+    STAGING = 2
 
     def __init__(self, checkpoint: str, layers, layout: ExpertLayout, family, pin: bool):
         self.layout = layout
         self.family = family
         self.paths = {layer.index: layer.experts_path for layer in layers}
-        self.key_file = _safetensors_index(checkpoint)
-        self.files = {f: safe_open(f, framework="pt") for f in set(self.key_file.values())}
-        self.staging = torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pin)
-        missing = [p for p in self.paths.values() if not self._has_any(p)]
+        self.checkpoint = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint, layout.dtype)
+        missing = [p for p in self.paths.values() if not self.checkpoint.has_experts(p)]
         if missing:
-            raise ValueError(f"checkpoint {checkpoint} has no tensors for {missing[0]}; "
+            raise ValueError(f"checkpoint {self.checkpoint.path} has no tensors for {missing[0]}; "
                              "save the model with save_pretrained or use store='host'")
+        self.staging = [torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pin) for _ in range(self.STAGING)]
+        self.copied: list = [None] * self.STAGING  # per staging buffer: the event its last copy records
+        self.next = 0
 
-    def _has_any(self, experts_path: str) -> bool:
-        stem = experts_path.replace(".mlp.experts", "")
-        return any(k.startswith(stem + ".") and ".experts" in k for k in self.key_file)
-
-    def __call__(self, name: str, index: int | None = None) -> torch.Tensor:
-        """One checkpoint tensor (or its `index`-th slice), in the layout's dtype."""
-        f = self.files[self.key_file[name]]
-        t = f.get_slice(name)[index] if index is not None else f.get_tensor(name)
-        return t.to(self.layout.dtype)
-
-    def has(self, name: str) -> bool:
-        return name in self.key_file
+    def _tensors(self, key: tuple[int, int]) -> dict[str, torch.Tensor]:
+        layer, expert = key
+        return self.family.read_expert(self.checkpoint, self.paths[layer], expert)
 
     def read(self, key: tuple[int, int]) -> torch.Tensor:
-        layer, expert = key
-        tensors = self.family.read_expert(self, self.paths[layer], expert)
-        self.layout.pack(tensors, self.staging)
-        return self.staging
+        """A new flat buffer holding expert `key`."""
+        flat = torch.empty(self.layout.numel, dtype=self.layout.dtype)
+        self.layout.pack(self._tensors(key), flat)
+        return flat
 
     def copy_into(self, key: tuple[int, int], dst: torch.Tensor) -> None:
-        # Synchronous: the staging buffer is reused by the next read.
-        dst.copy_(self.read(key))
+        if dst.device.type == "cpu":
+            self.layout.pack(self._tensors(key), dst)
+            return
+        i, self.next = self.next, (self.next + 1) % self.STAGING
+        if self.copied[i] is not None:  # the buffer is still being copied out: wait for that copy only
+            self.copied[i].synchronize()
+        self.layout.pack(self._tensors(key), self.staging[i])
+        dst.copy_(self.staging[i], non_blocking=True)
+        self.copied[i] = torch.cuda.Event()
+        self.copied[i].record()  # on the current stream: the one the copy was queued on
+
+
+# safetensors dtype names -> torch dtypes
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint by name, each read from its file on request.
+
+    Calling it (`checkpoint(name, index=None)`) gives one tensor, or its `index`-th slice along
+    the first dimension, in `dtype` (the shape `arch.*.read_expert` expects).
+    """
+
+    def __init__(self, path: str, dtype: torch.dtype | None = None):
+        self.path, self.dtype = path, dtype
+        self.entries: dict[str, tuple[str, dict, int]] = {}  # name -> (file, header entry, data start)
+        for file in sorted(set(_safetensors_index(path).values())):
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            header.pop("__metadata__", None)
+            for name, entry in header.items():
+                self.entries[name] = (file, entry, 8 + size)
+        self.fds: dict[str, int] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.entries
+
+    def has_experts(self, experts_path: str) -> bool:
+        stem = experts_path.replace(".mlp.experts", "")
+        return any(k.startswith(stem + ".") and ".experts" in k for k in self.entries)
+
+    def tensor(self, name: str, index: int | None = None) -> torch.Tensor:
+        """The tensor as stored (its own dtype)."""
+        if name not in self.entries:
+            raise KeyError(f"checkpoint {self.path} has no tensor {name!r}")
+        file, entry, data = self.entries[name]
+        if entry["dtype"] not in _DTYPES:
+            raise ValueError(f"tensor {name!r} of {self.path} has dtype {entry['dtype']}, which cannot be read")
+        dtype, shape = _DTYPES[entry["dtype"]], list(entry["shape"])
+        begin, end = entry["data_offsets"]
+        if index is not None:
+            row = (end - begin) // shape[0]
+            begin, shape = begin + index * row, shape[1:]
+            end = begin + row
+        out = torch.empty(shape, dtype=dtype)
+        self._read_into(file, data + begin, memoryview(out.reshape(-1).view(torch.uint8).numpy()))
+        return out
+
+    def __call__(self, name: str, index: int | None = None) -> torch.Tensor:
+        t = self.tensor(name, index)
+        return t if self.dtype is None else t.to(self.dtype)
+
+    def _read_into(self, file: str, offset: int, buffer: memoryview) -> None:
+        if file not in self.fds:
+            self.fds[file] = os.open(file, os.O_RDONLY)
+        done = 0
+        while done < len(buffer):  # a large read may return fewer bytes than asked
+            n = os.preadv(self.fds[file], [buffer[done:]], offset + done)
+            if n == 0:
+                raise ValueError(f"{file} ends before its tensors do: the checkpoint is truncated")
+            done += n
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
 
 
 def _safetensors_index(checkpoint: str) -> dict[str, str]:
@@ -129,5 +214,4 @@ def _safetensors_index(checkpoint: str) -> dict[str, str]:
     if not os.path.exists(single):
         raise FileNotFoundError(f"no safetensors checkpoint in {checkpoint!r}: store='disk' needs a "
                                 "directory written by save_pretrained")
-    with safe_open(single, framework="pt") as f:
-        return {k: single for k in f.keys()}
+    return {"": single}
