@@ -1,14 +1,18 @@
 """Link profiles and the transfer worker: ordering, chunks, preemption, cancel and promote,
 emulated time, late copies, failures surface as errors."""
+import copy
 import threading
 import time
 
 import pytest
 import torch
 
+import evalsuite
 from evalsuite.engine.copies import HostCopies, LateCopies
 from evalsuite.engine.store import HostStore
 from evalsuite.engine.transfer import LINKS, Link, TransferCancelled, TransferEngine, TransferError, parse_link
+
+from .helpers import reference_model
 
 
 class DictStore:
@@ -239,6 +243,21 @@ def test_wait_landed_blocks_until_every_chunk_landed():
     with pytest.raises(TransferCancelled):
         cancelled.wait_landed(timeout=5)
     engine.close()
+
+
+# ---- the engine's use of the link ---------------------------------------------------------
+
+def test_a_used_prefetch_goes_before_the_prefetches_queued_ahead_of_it():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, cache_capacity=8, link="0.001GB/s") as engine:  # ~25 ms per expert
+        layer = engine.layers[0].index
+        assert engine.prefetch(layer, [0, 1, 2, 3]) == 4
+        transfers = [engine.cache.transfers[(layer, e)] for e in range(4)]
+        engine._ready_views((layer, 3), engine.record.counters[layer])  # the compute needs expert 3 now
+        assert transfers[3].landed()
+        assert not transfers[1].done.is_set() and not transfers[2].done.is_set()  # overtaken
+        for transfer in transfers:
+            transfer.wait_landed(5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device checks the side-stream copies")

@@ -305,8 +305,10 @@ class Engine:
             self.record.counters[key[0]].prefetch_wasted += 1
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
+        """The expert's weights in its slot, once its copy is usable here (see Transfer.wait)."""
         transfer = self.cache.transfers.get(key)
         if transfer is not None:
+            self.transfers.promote(transfer)  # a prefetch the compute now waits for goes before other prefetches
             try:
                 counters.stall_s += transfer.wait(self.timeout_s)
             except TransferError:
