@@ -43,7 +43,7 @@ def test_capacity_below_top_k(capacity, pools):
 
 @pytest.mark.parametrize("option,value,message", [
     ("mode", "fast", "mode='fast' is not one of: resident, on-demand"),
-    ("cache_policy", "mru", "cache_policy='mru' is not one of: lru, lfu"),
+    ("cache_policy", "mru", "cache_policy='mru' is not one of: lru, lfu, least-stale, predicted"),
     ("cache_pools", "shared", "cache_pools='shared'"),
     ("store", "tape", "store='tape'"),
     ("link", "carrier-pigeon", "unknown link 'carrier-pigeon'"),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import evalsuite
 from evalsuite import arch
-from evalsuite.engine.cache import ExpertCache, capacity_in_experts
+from evalsuite.engine.cache import POLICIES, ExpertCache, capacity_in_experts
 from evalsuite.engine.scheduler import PrefetchScheduler
 
 from .helpers import reference_model
@@ -58,7 +58,7 @@ class PendingCopy:
 
 LAYERS = (0, 1, 2)
 KEYS = st.tuples(st.sampled_from(LAYERS), st.integers(0, 5))
-OPERATIONS = st.lists(st.tuples(st.sampled_from(["place", "pin", "unpin", "copy", "land"]), KEYS,
+OPERATIONS = st.lists(st.tuples(st.sampled_from(["place", "prefetch", "pin", "unpin", "copy", "land"]), KEYS,
                                 st.sets(KEYS, max_size=3)), min_size=1, max_size=60)
 
 
@@ -69,30 +69,32 @@ def check_cache(cache, capacity, per_layer):
     assert all(0 <= slot < capacity for slot in resident.values())
     for layer in LAYERS:
         pool = cache.pools[layer]
-        assert set(pool.recency) <= set(resident)
-        assert len(pool.recency) + len(pool.free) == (capacity // len(LAYERS) if per_layer else capacity)
+        keys = list(pool.keys())
+        assert len(keys) == len(set(keys)) == pool.resident and set(keys) <= set(resident)
+        assert len(keys) + len(pool.free) == (capacity // len(LAYERS) if per_layer else capacity)
         if per_layer:
-            assert all(key[0] == layer for key in pool.recency)
+            assert all(key[0] == layer for key in keys)
     assert set(cache.pins) <= set(resident)  # a pinned expert is resident
     assert set(cache.transfers) <= set(resident)  # so is one being copied
 
 
 @QUICK
-@given(capacity=st.integers(3, 9), policy=st.sampled_from(["lru", "lfu"]), per_layer=st.booleans(), ops=OPERATIONS)
+@given(capacity=st.integers(3, 9), policy=st.sampled_from(POLICIES), per_layer=st.booleans(), ops=OPERATIONS)
 def test_cache_invariants_under_random_operations(capacity, policy, per_layer, ops):
     cache = ExpertCache(LAYERS, capacity, numel=2, dtype=torch.float32, device="cpu", policy=policy,
                         per_layer=per_layer)
     copies: dict = {}
     for op, key, protect in ops:
-        if op == "place" and not cache.resident(key):
+        if op in ("place", "prefetch") and not cache.resident(key):
             busy = {k for k in cache.slot_of if cache.pins.get(k) or not cache.settled(k)}
-            if cache.can_place(key[0], protect):
-                _, evicted = cache.place(key, protect)
+            prefetch = op == "prefetch"
+            if cache.can_place(key[0], protect, prefetch=prefetch):
+                _, evicted = cache.place(key, protect, prefetch=prefetch)
                 assert evicted is None or evicted not in busy  # never an expert in use or in flight
                 assert evicted is None or not cache.resident(evicted)
             else:
                 with pytest.raises(RuntimeError):
-                    cache.place(key, protect)
+                    cache.place(key, protect, prefetch=prefetch)
         elif op == "pin" and cache.resident(key):
             cache.pin(key)
         elif op == "unpin" and cache.pins.get(key):
@@ -141,10 +143,10 @@ class Watch:
             self.latest[key] = transfer = submit(key, dst, prefetch)
             return transfer
 
-        def placed(key, protect=(), exclude=()):
+        def placed(key, protect=(), exclude=(), prefetch=False):
             cache = engine.cache
             busy = {k for k in cache.slot_of if cache.pins.get(k) or not cache.settled(k)}
-            slot, evicted = place(key, protect, exclude)
+            slot, evicted = place(key, protect, exclude, prefetch)
             if evicted in busy:
                 self.violations.append(f"evicted {evicted} while in use or in flight")
             return slot, evicted
@@ -165,7 +167,7 @@ STEPS = st.lists(st.one_of(
                                                                  HealthCheck.function_scoped_fixture])
 @given(model_type=st.sampled_from(["qwen3_moe", "olmoe", "deepseek_v3"]),
        mode=st.sampled_from(["on-demand", "router-preserving"]),
-       capacity=st.integers(2, 24), policy=st.sampled_from(["lru", "lfu"]),
+       capacity=st.integers(2, 24), policy=st.sampled_from(POLICIES),
        pools=st.sampled_from(["global", "per-layer"]), link=st.sampled_from([None, "0.2GB/s"]),
        steps=STEPS, seed=st.integers(0, 1000))
 def test_engine_residency_and_counters(monkeypatch, model_type, mode, capacity, policy, pools, link, steps, seed):

@@ -2,17 +2,20 @@
 
 All slots are rows of one device tensor allocated once, so the memory the cache holds is
 exactly capacity x expert bytes. Slots are grouped into pools: one global pool, or one pool
-per sparse layer. An expert in use (pinned) or still being copied is never evicted.
+per sparse layer. An expert in use (pinned) or still being copied is never evicted. A
+prefetched expert is a guess: it waits at the eviction end until a use confirms it.
 """
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections import OrderedDict
 
 import torch
 
-POLICIES = ("lru", "lfu")
+from .eviction import ORDERS, POLICIES  # noqa: F401  (POLICIES: the option parsers read it here)
+
 _BYTES = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -64,48 +67,82 @@ def check_fits(capacity: int, expert_bytes: int, device: torch.device, reserve: 
 
 
 class Pool:
-    """Slots shared by some layers, with LRU or LFU eviction among unpinned, settled slots."""
+    """Slots shared by some layers, and the order in which their experts are evicted: experts
+    prefetched but not yet used first (oldest first: an unconfirmed guess is worth least), then
+    the used ones in the policy's order. Finding a victim walks that order from its cheap end and
+    stops at the first expert that may go, so it costs O(1 + experts it must skip): those pinned,
+    in flight or protected, never the whole cache."""
 
-    def __init__(self, slots: list[int], policy: str):
+    def __init__(self, slots: list[int], policy: str, layers):
         self.free = list(reversed(slots))
-        self.policy = policy
-        self.recency: OrderedDict = OrderedDict()  # resident key -> None, least recent first
-        self.uses: dict = {}  # key -> times used (LFU keeps counts across evictions)
+        self.unconfirmed: OrderedDict = OrderedDict()  # prefetched, not yet used; oldest first
+        self.order = ORDERS[policy](layers)
+        self.resident = 0
 
-    def touch(self, key) -> None:
-        self.recency[key] = None
-        self.recency.move_to_end(key)
-        self.uses[key] = self.uses.get(key, 0) + 1
+    def keys(self):
+        """Every resident key, in no particular order."""
+        yield from self.unconfirmed
+        yield from self.order
+
+    def add(self, key, prefetch: bool) -> None:
+        if prefetch:
+            self.unconfirmed[key] = None
+        else:
+            self.order.add(key)
+        self.resident += 1
+
+    def discard(self, key) -> None:
+        if key in self.unconfirmed:
+            del self.unconfirmed[key]
+        else:
+            self.order.remove(key)
+        self.resident -= 1
+
+    def use(self, key) -> None:
+        if key in self.unconfirmed:  # a use confirms a prefetch: from now on it ages like any expert
+            del self.unconfirmed[key]
+            self.order.add(key)
+        self.order.touch(key)
 
     def victim(self, evictable, protect=()) -> object | None:
-        """The resident key to evict: unprotected ones first, then by policy."""
-        candidates = [k for k in self.recency if evictable(k)]
-        if not candidates:
-            return None
-        preferred = [k for k in candidates if k not in protect] or candidates
-        if self.policy == "lru":
-            return preferred[0]
-        order = {k: i for i, k in enumerate(self.recency)}
-        return min(preferred, key=lambda k: (self.uses.get(k, 0), order[k]))
+        """The first key in eviction order that may go and is not protected; else the first that may go."""
+        fallback = None
+        for keys in (self.unconfirmed, self.order.candidates()):
+            for key in keys:
+                if not evictable(key):
+                    continue
+                if key not in protect:
+                    return key
+                if fallback is None:
+                    fallback = key
+        return fallback
 
 
 class ExpertCache:
-    """Maps (layer, expert) to a device slot; knows which slots are pinned or in flight."""
+    """Maps (layer, expert) to a device slot; knows which slots are pinned or in flight.
+
+    policy  'lru', 'lfu', 'least-stale' or 'predicted' (defined in .eviction); in every
+            policy an expert prefetched and not yet used is evicted before any used one.
+    """
 
     def __init__(self, layer_ids, capacity: int, numel: int, dtype, device, policy="lru", per_layer=False):
         if policy not in POLICIES:
             raise ValueError(f"cache_policy={policy!r}: use one of {', '.join(POLICIES)}")
+        self.policy = policy
         self.slots = torch.empty(capacity, numel, dtype=dtype, device=device)
         layer_ids = list(layer_ids)
         if per_layer:
             share = capacity // len(layer_ids)
-            self.pools = {l: Pool(list(range(i * share, (i + 1) * share)), policy) for i, l in enumerate(layer_ids)}
+            self.pools = {l: Pool(list(range(i * share, (i + 1) * share)), policy, [l])
+                          for i, l in enumerate(layer_ids)}
         else:
-            pool = Pool(list(range(capacity)), policy)
+            pool = Pool(list(range(capacity)), policy, layer_ids)
             self.pools = {l: pool for l in layer_ids}
         self.slot_of: dict = {}  # key -> slot index
         self.pins: dict = {}  # key -> pin count
-        self.transfers: dict = {}  # key -> Transfer not yet known to have landed
+        self.transfers: dict = {}  # key -> Transfer not yet known to have landed, in submission order
+        self._version = 0  # changes whenever a victim choice could change
+        self._plan: tuple | None = None  # the victim `can_place` found, for the `place` that follows
 
     @property
     def nbytes(self) -> int:
@@ -113,7 +150,7 @@ class ExpertCache:
 
     def slots_per_layer(self, layer: int) -> int:
         pool = self.pools[layer]
-        return len(pool.free) + len(pool.recency)
+        return len(pool.free) + pool.resident
 
     def resident(self, key) -> bool:
         return key in self.slot_of
@@ -130,42 +167,76 @@ class ExpertCache:
         transfer = self.transfers.get(key)
         return transfer is not None and transfer.done.is_set() and transfer.error is not None
 
+    def in_flight(self, layer: int) -> list:
+        """(key, transfer) of the unpinned experts of `layer`'s pool still being copied, oldest first."""
+        pool = self.pools[layer]
+        return [(key, t) for key, t in self.transfers.items()
+                if self.pools[key[0]] is pool and not self.pins.get(key) and not t.done.is_set()]
+
     def forget(self, key) -> None:
         """Give `key`'s slot back to its pool (after a failed copy); pins are left to their owners."""
         pool = self.pools[key[0]]
         pool.free.append(self.slot_of.pop(key))
-        pool.recency.pop(key, None)
+        pool.discard(key)
         self.transfers.pop(key, None)
+        self._version += 1
+
+    def predict(self, predictions: dict) -> None:
+        """The predictor's scores for the coming layers, {layer: {expert: score}} (higher: more
+        likely used); replaces the previous ones. Only the 'predicted' policy reads them."""
+        if self.policy == "predicted":
+            for pool in {id(p): p for p in self.pools.values()}.values():
+                pool.order.predictions = predictions
+            self._version += 1
 
     def _evictable(self, key, exclude=()) -> bool:
         return key not in exclude and not self.pins.get(key) and self.settled(key)
 
-    def can_place(self, layer: int, protect=(), exclude=()) -> bool:
-        """Whether a slot is free or can be freed; `protect` keys are evicted last, `exclude` keys never."""
-        pool = self.pools[layer]
-        return bool(pool.free) or pool.victim(lambda k: self._evictable(k, exclude), protect) is not None
+    def _victim(self, pool: Pool, layer: int, protect, exclude, prefetch: bool):
+        if not prefetch:  # a demand load says which layer is being served (least-stale's reference)
+            pool.order.serving(layer)
+        objects, values = (pool, protect, exclude), (layer, prefetch, self._version)
+        if self._plan is not None and self._plan[1] == values and all(map(operator.is_, objects, self._plan[0])):
+            return self._plan[2]  # nothing changed since `can_place` found it
+        victim = pool.victim(lambda k: self._evictable(k, exclude), protect)
+        # kept only when found: an expert that may go stays so until the version changes, while
+        # "none may go" ends silently when a copy lands
+        self._plan = (objects, values, victim) if victim is not None else None
+        return victim
 
-    def place(self, key, protect=(), exclude=()) -> tuple[int, object | None]:
-        """Give `key` a slot (evicting if needed); returns (slot, evicted key or None)."""
+    def can_place(self, layer: int, protect=(), exclude=(), prefetch=False) -> bool:
+        """Whether a slot is free or can be freed; `protect` keys are evicted last, `exclude` keys
+        never. The victim found is kept for the `place` that follows with the same arguments."""
+        pool = self.pools[layer]
+        return bool(pool.free) or self._victim(pool, layer, protect, exclude, prefetch) is not None
+
+    def place(self, key, protect=(), exclude=(), prefetch=False) -> tuple[int, object | None]:
+        """Give `key` a slot (evicting if needed); returns (slot, evicted key or None). A prefetched
+        key waits at the eviction end until `pin` confirms it."""
         pool = self.pools[key[0]]
         evicted = None
         if not pool.free:
-            evicted = pool.victim(lambda k: self._evictable(k, exclude), protect)
+            evicted = self._victim(pool, key[0], protect, exclude, prefetch)
             if evicted is None:
-                raise RuntimeError(f"no evictable slot for expert {key}: every slot is pinned")
-            del pool.recency[evicted]
+                raise RuntimeError(f"no evictable slot for expert {key}: every slot is pinned or in flight")
+            pool.discard(evicted)
             pool.free.append(self.slot_of.pop(evicted))
+        elif not prefetch:
+            pool.order.serving(key[0])
         slot = pool.free.pop()
         self.slot_of[key] = slot
-        pool.recency[key] = None  # most recent; `pin` counts the use
+        pool.add(key, prefetch)  # `pin` counts the use
+        self._version += 1
         return slot, evicted
 
     def pin(self, key) -> None:
         self.pins[key] = self.pins.get(key, 0) + 1
-        self.pools[key[0]].touch(key)
+        self.pools[key[0]].use(key)
+        self._version += 1
 
     def unpin(self, key) -> None:
         if self.pins[key] == 1:
             del self.pins[key]
+            self._version += 1  # it may be evicted again
         else:
             self.pins[key] -= 1

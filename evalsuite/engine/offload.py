@@ -54,7 +54,8 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
                     'hybrid' (see evalsuite.modes).
     cache_capacity  device expert slots: an int count, a float fraction of all experts,
                     a size such as '256MiB', or 'all'.
-    cache_policy    'lru' or 'lfu'.   cache_pools  'global' or 'per-layer'.
+    cache_policy    'lru', 'lfu', 'least-stale' or 'predicted' (docs/performance.md).
+    cache_pools     'global' or 'per-layer'.
     link            None / 'native' (real copies), a profile (pcie3, pcie4, pcie5, nvlink-c2c,
                     ufs4, ufs3, sdcard) or '8GB/s+20us': emulated transfer time.
     device          where the non-expert weights and the expert cache go (default: where the
@@ -107,6 +108,7 @@ class Engine:
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.shadow = self.decoding = False
         self._prefetched: set = set()  # prefetched experts not yet used
+        self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
         predictor = predictor or {"hybrid": "hybrid", "resident": None, "on-demand": None}.get(mode, "gate")
         top_k = self.layers[0].top_k
         budget = prefetch_budget or top_k
@@ -232,6 +234,8 @@ class Engine:
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
             return
+        if self.driver is not None and self.cache.policy == "predicted":
+            self._share_predictions()
         waiting = deque((layer, e) for e in needed)
         protect = set(waiting)
         held: deque = deque()
@@ -243,8 +247,9 @@ class Engine:
                     held.append(key)
                 if self.driver is not None:  # this layer's demand loads are queued: prefetch behind them
                     self.driver.release_prefetch()
-                if not held:
-                    raise RuntimeError(f"layer {layer}: no cache slot can be freed for {waiting[0]}")
+                if not held:  # every slot it could take is still being filled: wait for one
+                    self._await_slot(layer, waiting[0], counters)
+                    continue
                 key = held[0]  # stays held (and pinned) until computed, even if the wait raises
                 yield key[1], self._ready_views(key, counters)
                 held.popleft()
@@ -259,16 +264,17 @@ class Engine:
     def prefetch(self, layer: int, experts) -> int:
         """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
         transfers started. Resident experts are skipped; a slot is taken only if one can be
-        freed without touching pinned or in-flight experts. Prefetching never changes outputs."""
+        freed without touching pinned or in-flight experts. A prefetched expert waits at the
+        cache's eviction end until a use confirms it. Prefetching never changes outputs."""
         if self.cache is None:
             return 0
         counters, started = self.record.counters[layer], 0
         keep = {(layer, int(e)) for e in experts}  # never evict one requested expert for another
         for e in experts:
             key = (layer, int(e))
-            if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep):
+            if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep, prefetch=True):
                 continue
-            slot, evicted = self.cache.place(key, exclude=keep)
+            slot, evicted = self.cache.place(key, exclude=keep, prefetch=True)
             self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=True)
             self._prefetched.add(key)
@@ -303,6 +309,31 @@ class Engine:
         if key in self._prefetched:  # a prefetch that was never used
             self._prefetched.discard(key)
             self.record.counters[key[0]].prefetch_wasted += 1
+
+    def _await_slot(self, layer: int, key, counters: Counters) -> None:
+        """No slot `key` could take is free, pinned ones aside: each holds a copy still in flight
+        (prefetches for this layer's pool). Wait for the oldest to land; then it can be evicted."""
+        in_flight = self.cache.in_flight(layer)
+        if not in_flight:
+            raise RuntimeError(f"layer {layer}: no cache slot can be freed for {key}: every slot is pinned")
+        busy, transfer = in_flight[0]
+        try:
+            counters.stall_s += transfer.wait(self.timeout_s)
+        except TransferError:
+            if not self.cache.failed(busy):  # late, not failed: it may still land, so the slot stays taken
+                raise
+            self.cache.forget(busy)  # it will never land: its slot is free again
+            self._evicted(busy)
+
+    def _share_predictions(self) -> None:
+        """cache_policy 'predicted': give the cache the predictor's latest scores for the layers
+        still to come (the driver's pending predictions), as each expert's confidence."""
+        pending = self.driver.pending  # target position -> router scores, until that layer runs
+        if pending.keys() == self._shared.keys() and all(pending[p] is s for p, (s, _) in self._shared.items()):
+            return
+        self._shared = {pos: (scores, dict(enumerate(torch.softmax(scores.float(), dim=-1).sum(dim=0).tolist())))
+                        for pos, scores in pending.items()}
+        self.cache.predict({self.layers[pos].index: confidence for pos, (_, confidence) in self._shared.items()})
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
         """The expert's weights in its slot, once its copy is usable here (see Transfer.wait)."""

@@ -37,13 +37,11 @@ class PrefetchScheduler:
         per_transfer = engine.transfers.seconds_per_transfer()
         deadline = None if (not self.window or self.layer_s is None or per_transfer is None) else self.layer_s * h
         queued = engine.transfers.pending()
-        started = 0
+        wanted = []
         for e in ranked:
             if engine.cache.resident((layer, e)):
                 continue
-            if deadline is not None and (queued + 1) * per_transfer > deadline:
+            if deadline is not None and (queued + len(wanted) + 1) * per_transfer > deadline:
                 break  # would land after the layer starts: leave the link to demand loads
-            if engine.prefetch(layer, [e]):
-                started += 1
-                queued += 1
-        return started
+            wanted.append(e)
+        return engine.prefetch(layer, wanted)  # in one call, so no candidate evicts another
