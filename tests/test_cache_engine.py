@@ -88,9 +88,9 @@ def test_new_policies_keep_outputs_bit_identical(policy):
         out = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         s = engine.stats()
     assert torch.equal(out, expected) and s["misses"] > 0
-    if policy == "predicted":  # each layer sees the prediction for the next one, an expert -> confidence map
+    if policy == "predicted":  # each layer sees the next one's candidates: the budget most likely experts
         second = engine.layers[1].index
-        assert any(set(c) == {second} and len(c[second]) == engine.layers[1].num_experts for c in calls)
+        assert any(set(c) == {second} and len(c[second]) == engine.budget for c in calls)
     else:
         assert calls == []
 

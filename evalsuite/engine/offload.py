@@ -326,14 +326,14 @@ class Engine:
             self._evicted(busy)
 
     def _share_predictions(self) -> None:
-        """cache_policy 'predicted': give the cache the predictor's latest scores for the layers
-        still to come (the driver's pending predictions), as each expert's confidence."""
+        """cache_policy 'predicted': give the cache the candidates of the predictor's latest
+        predictions for the layers still to come (the driver's pending ones): the `budget` experts
+        it is most confident in, as the prefetch scheduler ranks them, with their confidence."""
         pending = self.driver.pending  # target position -> router scores, until that layer runs
         if pending.keys() == self._shared.keys() and all(pending[p] is s for p, (s, _) in self._shared.items()):
             return
-        self._shared = {pos: (scores, dict(enumerate(torch.softmax(scores.float(), dim=-1).sum(dim=0).tolist())))
-                        for pos, scores in pending.items()}
-        self.cache.predict({self.layers[pos].index: confidence for pos, (_, confidence) in self._shared.items()})
+        self._shared = {pos: (scores, _candidates(scores, self.budget)) for pos, scores in pending.items()}
+        self.cache.predict({self.layers[pos].index: named for pos, (_, named) in self._shared.items()})
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
         """The expert's weights in its slot, once its copy is usable here (see Transfer.wait)."""
@@ -455,6 +455,13 @@ def _device(device) -> torch.device:
         return torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device={device!r} is not a device: use e.g. 'cuda', 'cuda:1' or 'cpu'") from None
+
+
+def _candidates(scores: torch.Tensor, budget: int) -> dict[int, float]:
+    """{expert: confidence} of the `budget` most likely experts (confidence: probability summed over tokens)."""
+    confidence = torch.softmax(scores.float(), dim=-1).sum(dim=0)
+    top = confidence.topk(min(budget, confidence.numel()))
+    return dict(zip(top.indices.tolist(), top.values.tolist()))
 
 
 def _rows(args, kwargs) -> int:
