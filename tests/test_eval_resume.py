@@ -1,9 +1,12 @@
 """`evalsuite eval` killed with SIGKILL mid-run, then run again, finishes only what is missing."""
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 import time
+
+import pytest
 
 from evalsuite.results import ResultsDB
 
@@ -47,3 +50,44 @@ def test_killed_eval_resumes_and_stores_every_result_once(tmp_path):
         per_doc = samples.groupby(["task", "doc_id", "metric", "filter"], dropna=False).size()
         assert set(samples["task"]) == {"evalsuite_yesno", "evalsuite_arith"}
         assert (per_doc == 1).all() and len(per_doc) == 8  # 4 documents per task, each stored once
+
+
+# ---- what a resume reads: this database's rows, never lm-eval JSON left under a shared --out ----------
+@pytest.fixture(autouse=True)
+def _one_code_version(monkeypatch):
+    # the checkout is shared: a commit landing between two evaluations would change their configuration
+    monkeypatch.setattr("evalsuite.lm.suite.git_commit", lambda: "0" * 40)
+
+
+def _suite(db, out, modes=("resident",), limit=2):
+    from evalsuite.lm.suite import run_suite
+
+    rows = run_suite([shipped_model("tiny-qwen3-moe")], list(modes), ["evalsuite_yesno"], limit,
+                     db_url=f"sqlite:///{db}", out_dir=str(out), progress=lambda *_: None)
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+
+
+def test_a_resume_ignores_json_another_database_wrote_under_the_shared_out_folder(tmp_path):
+    out = tmp_path / "results"
+    first = _suite(tmp_path / "x.db", out)
+    written = set(out.iterdir())
+    _suite(tmp_path / "y.db", out, limit=3)  # run 1 of another database, same model, same --out
+    assert len(set(out.iterdir()) - written) == 1, "another database's run must not overwrite this one's JSON"
+    for path in out.iterdir():  # whatever the folder holds, a resume must not read it
+        data = json.loads(path.read_text())
+        for values in data["results"].values():
+            values.update({k: -1.0 for k, v in values.items() if isinstance(v, float)})
+        path.write_text(json.dumps(data))
+    again = _suite(tmp_path / "x.db", out)
+    assert again == first and first[0]["accuracy"] >= 0
+
+
+def test_a_resume_without_the_json_folder_keeps_the_resident_row_and_compares_with_it(tmp_path):
+    db = tmp_path / "results.db"
+    _suite(db, tmp_path / "first")
+    rows = _suite(db, tmp_path / "elsewhere", modes=("resident", "on-demand"))
+    assert [(r["mode"], r["run"]) for r in rows] == [("resident", 1), ("on-demand", 2)]
+    assert rows[1]["identical_share"] == 1.0  # on-demand is exact: compared with run 1's stored texts
+    with ResultsDB(f"sqlite:///{db}") as results:
+        samples = results.samples([2])
+        assert samples["identical_share"].tolist() == [1.0] * len(samples) and samples["first_divergence"].isna().all()

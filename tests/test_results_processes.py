@@ -75,3 +75,67 @@ def test_two_processes_writing_one_sqlite_file_lose_nothing(tmp_path):
         stored = db.samples([run_id])
         assert len(stored) == tasks * samples and len(db.task_metrics([run_id])) == tasks
         assert stored["prediction"].str.startswith(mode + " ").all()
+
+
+# ---- two evaluations of one configuration started at once: one claims it, the other waits ------------
+CONFIG = {"model": "tiny", "mode": "resident", "limit": 2, "tasks": ["task0", "task1", "task2"]}
+
+
+def _claim_and_write(url, start, hang_after, delay, log):
+    from evalsuite.lm.suite import open_run
+
+    db = ResultsDB(url)
+    start.wait()  # both claim at the same moment (or `delay` seconds later)
+    time.sleep(delay)
+    messages = []
+    claimed = open_run(db, dict(CONFIG), False, messages.append)
+    run_id, done = claimed[0], claimed[-1]
+    for n, task in enumerate(t for t in CONFIG["tasks"] if t not in done):
+        if n == hang_after:
+            log.put((run_id, sorted(done), messages))
+            time.sleep(600)  # killed here
+        time.sleep(0.3)  # the evaluation
+        db.add_task(run_id, task, [{"metric": "acc", "value": 1.0, "n": 2}])
+    db.finish_run(run_id)
+    log.put((run_id, sorted(done), messages))
+
+
+def _claimers(url, hang_after=(None, None), delay=(0, 0)):
+    start, log = FORK.Event(), FORK.Queue()
+    processes = [FORK.Process(target=_claim_and_write, args=(url, start, hang, wait, log))
+                 for hang, wait in zip(hang_after, delay)]
+    for process in processes:
+        process.start()
+    start.set()
+    return processes, log
+
+
+def test_two_evaluations_of_one_configuration_store_one_run(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    ResultsDB(url).close()
+    processes, log = _claimers(url)
+    outcomes = sorted((log.get(timeout=120) for _ in processes), key=lambda o: len(o[1]))
+    for process in processes:
+        process.join(timeout=60)
+    assert [p.exitcode for p in processes] == [0, 0]
+    runs = ResultsDB(url).runs()
+    assert runs["id"].tolist() == [1] and runs["status"].tolist() == ["complete"]
+    assert sorted(ResultsDB(url).task_metrics([1])["task"]) == CONFIG["tasks"]  # each task once
+    (first, first_done, _), (second, second_done, waited) = outcomes
+    assert first == second == 1 and first_done == [] and second_done == CONFIG["tasks"]
+    assert any("waiting" in m for m in waited), waited
+
+
+def test_a_waiting_evaluation_resumes_the_claim_of_one_that_died(tmp_path):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    ResultsDB(url).close()
+    processes, log = _claimers(url, hang_after=(1, None), delay=(0, 1))
+    run_id, _, _ = log.get(timeout=120)  # the first claimer hangs after one task
+    os.kill(processes[0].pid, signal.SIGKILL)
+    resumed, done, messages = log.get(timeout=120)
+    for process in processes:
+        process.join(timeout=60)
+    assert resumed == run_id and done == ["task0"]
+    runs = ResultsDB(url).runs()
+    assert runs["id"].tolist() == [run_id] and runs["status"].tolist() == ["complete"]
+    assert sorted(ResultsDB(url).task_metrics([run_id])["task"]) == CONFIG["tasks"]

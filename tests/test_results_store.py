@@ -56,8 +56,8 @@ def test_v1_database_upgrades_in_place_keeping_its_runs(tmp_path):
     db = ResultsDB(f"sqlite:///{path}")
     assert db.schema_version_found == 1 and _version(db) == LATEST_VERSION
     columns = {c["name"] for c in inspect(db.engine).get_columns("runs")}
-    assert {"writer_pid", "writer_host", "heartbeat_at"} <= columns
-    assert {"metric", "filter"} <= {c["name"] for c in inspect(db.engine).get_columns("samples")}
+    assert {"writer_pid", "writer_host", "heartbeat_at", "error", "uid"} <= columns
+    assert {"metric", "filter", "response"} <= {c["name"] for c in inspect(db.engine).get_columns("samples")}
     old = db.run(1)
     assert (old["model"], old["status"], old["started_at"]) == ("old-model", "complete", datetime(2025, 1, 2, 3, 4, 5))
     assert db.task_metrics([1])["value"].tolist() == [0.75]
@@ -226,3 +226,17 @@ def test_record_lm_eval_takes_the_engine_summary_of_the_lm_eval_adapter(tmp_path
     per_layer = engine.dropna(subset=["layer"]).set_index(["layer", "k"])
     assert per_layer.loc[(1, 2), ["recall_at_k", "hit_rate"]].tolist() == [0.8, 1.0]
     assert pd.isna(per_layer.loc[(0, 2), "recall_at_k"]) and per_layer.loc[(0, 4), "hit_rate"] == 0.5
+
+
+def test_a_failed_run_keeps_its_error(tmp_path):
+    db = open_db(tmp_path)
+    run_id = db.start_run({"model": "m"})
+    db.finish_run(run_id, "failed", error="AssertionError: requested max tokens to generate (512) ...")
+    assert db.run(run_id)["error"] == "AssertionError: requested max tokens to generate (512) ..."
+    assert db.run(make_run(db))["error"] is None
+
+
+def test_every_run_gets_its_own_uid(tmp_path):
+    db = open_db(tmp_path)
+    uids = {db.run(db.start_run({"model": "m"}))["uid"] for _ in range(3)}
+    assert len(uids) == 3 and all(isinstance(u, str) and len(u) >= 16 for u in uids)

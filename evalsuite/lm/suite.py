@@ -1,9 +1,10 @@
 """`evalsuite eval` (and `make eval`): models x modes x tasks through lm-eval, one table.
 
 Each (model, mode) is one lm-eval run of the `specmoe` model (`specmoe-vlm` for a vision-language
-model) over its tasks; results go to the
-results database (and lm-eval's JSON). Speculative runs are compared with the resident run
-of the same model sample by sample: first differing generated token, share of identical ones.
+model) over its tasks; results go to the results database (and lm-eval's JSON, named by the run's uid).
+Speculative runs are compared with the resident run of the same model sample by sample: first differing
+generated token, share of identical ones. A resumed run's stored tasks are read back from the database,
+never from JSON files, which another database's runs may share a folder with.
 """
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import time
 
 from .. import __version__
 from ..metrics import token_divergence
+from ..results.claim import claim_run
+from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
+from ..results.store import error_line
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
@@ -86,7 +90,9 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
     the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
     stored once. A task cut off mid-way is run again whole, so its engine metrics stay complete.
     `fresh=True` always starts new runs. `extra_config` is stored with each run's configuration (a sweep
-    names its cell there)."""
+    names its cell there). A run another live process is writing with the same configuration is waited for.
+    A failed run stores its error; a task that would generate more tokens than the model's context holds is
+    refused before any run is stored."""
     import lm_eval
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
@@ -124,16 +130,22 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
                       "git_commit": git_commit(), "evalsuite_version": __version__, **(extra_config or {})}
-            run_id, done = open_run(db, config, fresh, progress)
-            status = "failed"
+            try:  # refused, or waited for, before anything is stored
+                check_generation_lengths(manager, tasks, lm, name)
+                run_id, uid, done = open_run(db, config, fresh, progress)
+            except BaseException:
+                lm.engine.close()
+                raise
+            status, error = "failed", None
             try:
+                if done:  # stored by an earlier, interrupted invocation: read back from this database only
+                    stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]),
+                                            db.samples([run_id]))
+                    if mode == "resident":
+                        reference.update(dict.fromkeys(stored["results"], stored))
+                    rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
                 for task in tasks:
-                    if task in done:  # stored by an earlier, interrupted invocation
-                        stored = load_json(out_dir, f"{run_id}-{name}-{mode}-{task}")
-                        if stored is not None:
-                            if mode == "resident":
-                                reference[task] = stored
-                            rows += table_rows(stored, name, mode, stored.get("divergence", {}), run_id, 0.0)
+                    if task in done:
                         continue
                     progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
                     started = time.time()
@@ -146,17 +158,56 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                     diverged = divergence(results, reference[task], tokenizer) if task in reference and \
                         mode != "resident" else {}
                     results["divergence"] = diverged
-                    save_json(results, out_dir, f"{run_id}-{name}-{mode}-{task}")
+                    save_json(results, out_dir, f"{run_id}-{name}-{mode}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, results, results.get("engine"))
                     rows += table_rows(results, name, mode, diverged, run_id, time.time() - started)
                 status = "complete"
             except KeyboardInterrupt:
                 status = "incomplete"  # resumable, like a killed run
                 raise
+            except BaseException as exc:
+                error = error_line(exc)
+                raise
             finally:
-                db.finish_run(run_id, status)
-                lm.engine.close()
+                try:
+                    finish(db, run_id, status, error)
+                finally:
+                    lm.engine.close()
     return rows
+
+
+def finish(db, run_id: int, status: str, error: str | None) -> None:
+    """Close the run; when even that write fails (a full disk) after a failure, the failure is what is
+    reported, and the run reads 'incomplete' once this process has ended."""
+    try:
+        db.finish_run(run_id, status, error)
+    except ValueError:
+        if status == "complete":
+            raise
+
+
+def check_generation_lengths(manager, tasks, lm, model_name: str) -> None:
+    """lm-eval needs room for a prompt beside the longest generation: refuse, in one line and before any run
+    is stored, a task whose max_gen_toks the model's context cannot hold."""
+    for task, max_gen_toks in generation_lengths(manager, tasks, lm.max_gen_toks).items():
+        if max_gen_toks >= lm.max_length:
+            raise ValueError(f"{task} generates up to {max_gen_toks} tokens, but {model_name} has a context of "
+                             f"{lm.max_length} tokens, leaving no room for the prompt: evaluate it with a model "
+                             "whose context is longer (or leave the task out)")
+
+
+def generation_lengths(manager, tasks, default: int) -> dict[str, int]:
+    """max_gen_toks of every generate_until task among `tasks`, groups expanded, from lm-eval's task index."""
+    lengths = {}
+    for task in tasks:
+        entry = manager.task_index.get(task) if isinstance(task, str) else None
+        cfg = (entry.cfg if entry is not None else None) or {}
+        if "group" in cfg:
+            members = cfg.get("task") or []
+            lengths.update(generation_lengths(manager, members if isinstance(members, list) else [members], default))
+        elif cfg.get("output_type") == "generate_until":
+            lengths[task] = int((cfg.get("generation_kwargs") or {}).get("max_gen_toks", default))
+    return lengths
 
 
 def file_hash(path: str | None) -> str | None:
@@ -167,18 +218,25 @@ def file_hash(path: str | None) -> str | None:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def open_run(db, config: dict, fresh: bool, progress) -> tuple[int, set[str]]:
-    """A new run, or the earlier run with this exact configuration and the tasks it already stored."""
-    found = None if fresh else db.matching_run(config)
-    if found is None:
-        return db.start_run(config), set()
-    run_id, status, done = found
-    if set(config["tasks"]) - done:
-        progress(f"[evalsuite] resuming run {run_id} ({status}): {len(done)} of {len(config['tasks'])} tasks stored")
-        db.resume_run(run_id)
+def open_run(db, config: dict, fresh: bool, progress, poll_s: float = 1.0) -> tuple[int, str, set[str]]:
+    """A new run, or the earlier run with this exact configuration and the tasks it already stored: its id,
+    uid and stored tasks. While another live process writes that run, wait: it finishes (every task is then
+    stored) or dies (its run is then resumed here)."""
+    claim = claim_run(db, config, fresh)
+    if claim.status == "running":
+        progress(f"[evalsuite] run {claim.run_id} with this configuration is being written by another process: "
+                 "waiting for it to finish")
+        while claim.status == "running":
+            time.sleep(poll_s)
+            claim = claim_run(db, config, fresh)
+    if claim.status == "new":
+        return claim.run_id, claim.uid, set()
+    if set(config["tasks"]) - claim.done:
+        progress(f"[evalsuite] resuming run {claim.run_id} ({claim.status}): {len(claim.done)} of "
+                 f"{len(config['tasks'])} tasks stored")
     else:
-        progress(f"[evalsuite] run {run_id} already holds every task: kept as it is (--fresh runs again)")
-    return run_id, done
+        progress(f"[evalsuite] run {claim.run_id} already holds every task: kept as it is (--fresh runs again)")
+    return claim.run_id, claim.uid, claim.done
 
 
 def table_rows(results, model, mode, diverged, run_id, seconds) -> list[dict]:
@@ -200,14 +258,6 @@ def save_json(results: dict, out_dir: str, stem: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
-
-
-def load_json(out_dir: str, stem: str) -> dict | None:
-    path = os.path.join(out_dir, f"{stem}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def format_rows(rows) -> str:

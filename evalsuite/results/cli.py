@@ -31,7 +31,7 @@ def cmd_runs(args) -> int:
         shown = runs.head(args.last)
         ids = shown["id"].tolist()
         table = summary_table(shown, db.task_metrics(ids), db.engine_metrics(ids))
-    table = table.merge(shown[["id", "started_at"]], on="id")[_LISTED]
+    table = table.merge(shown[["id", "started_at", "error"]], on="id")[_LISTED + ["error"]]
     table["started_at"] = table["started_at"].map(lambda t: t.strftime("%Y-%m-%d %H:%M") if hasattr(t, "strftime")
                                                   else t)
     table = table.map(lambda v: "-" if v is None else v)

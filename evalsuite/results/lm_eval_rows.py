@@ -1,4 +1,5 @@
-"""Rows for the results tables from the dict lm-eval's simple_evaluate() returns."""
+"""Rows for the results tables from the dict lm-eval's simple_evaluate() returns, and back: a stored run's tasks
+shaped like that dict again (what a resumed evaluation shows and compares with)."""
 from __future__ import annotations
 
 import json
@@ -47,11 +48,50 @@ def sample_rows(entries: list[dict]) -> list[dict]:
             score = _number(entry.get(metric))
             rows.append({"doc_id": int(entry["doc_id"]), "metric": metric, "filter": entry.get("filter"),
                          "score": score, "correct": None if score not in (0.0, 1.0) else score == 1.0,
-                         "prediction": prediction, "target": target,
+                         "prediction": prediction, "target": target, "response": generated_text(entry),
                          # set by evalsuite eval on runs compared with a resident reference
                          "first_divergence": entry.get("first_divergence"),
                          "identical_share": entry.get("identical_share")})
     return rows
+
+
+def generated_text(entry: dict) -> str | None:
+    """The raw text a generate_until request produced (lm-eval's resps[0][0]); None for loglikelihoods."""
+    try:
+        first = entry["resps"][0][0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return first if isinstance(first, str) else None
+
+
+def stored_results(metrics, engine, samples) -> dict:
+    """One run's stored rows (task_metrics, engine_metrics, samples DataFrames) as simple_evaluate() would
+    return them: results[task] with '<metric>,<filter>' values and the whole-model '<metric>,engine' entries,
+    samples[task] with each document's raw response, and divergence[task] with the stored identical share."""
+    results: dict[str, dict] = {}
+    for row in metrics.itertuples(index=False):
+        results.setdefault(row.task, {})[f"{row.metric},{row.filter}"] = _number(row.value)
+    whole = engine[engine["layer"].isna()].sort_values("k", na_position="last")
+    for task, rows in whole.groupby("task", sort=False):
+        entries = results.setdefault(task, {})
+        for row in rows.itertuples(index=False):
+            if _number(row.recall_at_k) is not None:
+                entries.setdefault(f"recall@{int(row.k)},engine", row.recall_at_k)
+        for name in ("hit_rate", "tpot_ms"):
+            if _number(rows.iloc[0][name]) is not None:
+                entries[f"{name},engine"] = float(rows.iloc[0][name])
+    logged: dict[str, list] = {}
+    for (task, _doc, _filter), rows in samples.groupby(["task", "doc_id", "filter"], sort=False, dropna=False):
+        row = rows.iloc[0]  # one per metric: the response and its comparison are the document's
+        response = row["response"] if isinstance(row["response"], str) else None
+        logged.setdefault(task, []).append({"doc_id": int(row["doc_id"]), "resps": [[response]],
+                                            "identical_share": _number(row["identical_share"])})
+    divergence = {}
+    for task, entries in logged.items():
+        shares = [e["identical_share"] for e in entries if e["identical_share"] is not None]
+        if shares:
+            divergence[task] = {"identical_share": sum(shares) / len(shares), "samples": len(shares)}
+    return {"results": results, "samples": logged, "divergence": divergence}
 
 
 def task_count(results: dict, task: str) -> int | None:

@@ -2,7 +2,9 @@
 
 Version 1 had runs, task_metrics, engine_metrics and samples without writer tracking; version 2 added the
 writer's pid/host/start token and a heartbeat to runs (so a dead writer's run reads 'incomplete'), the
-metric/filter a sample score belongs to, and lookup indexes. A new database is created at the latest
+metric/filter a sample score belongs to, and lookup indexes; version 3 added a run's `uid` (names its lm-eval
+JSON files), the `error` a failed run ended with, and each sample's raw generated `response` (what a resumed
+run compares later modes with). A new database is created at the latest
 version directly; an existing one runs every migration above its stored version, in order, in one
 transaction.
 """
@@ -14,7 +16,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integ
                         select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-LATEST_VERSION = 2
+LATEST_VERSION = 3
 RUN_STATUSES = ("running", "complete", "incomplete", "failed")
 
 
@@ -55,6 +57,9 @@ class Run(Base):
     writer_host: Mapped[str | None] = mapped_column(String(255))
     writer_start: Mapped[str | None] = mapped_column(String(64))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # version 3: a name no other database's run shares, and why a failed run failed
+    uid: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class TaskMetric(Base):
@@ -103,6 +108,8 @@ class Sample(Base):
     # version 2: lm-eval scores one document under several metrics and filters
     metric: Mapped[str | None] = mapped_column(String(128))
     filter: Mapped[str | None] = mapped_column(String(128))
+    # version 3: the raw generated text (before filters), for comparing modes sample by sample
+    response: Mapped[str | None] = mapped_column(Text)
     __table_args__ = (Index("ix_samples_run_task", "run_id", "task"),)
 
 
@@ -119,8 +126,15 @@ def _v1_to_v2(conn) -> None:
         conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{table}_run_task ON {table} (run_id, task)"))
 
 
+def _v2_to_v3(conn) -> None:
+    # runs stored earlier keep uid NULL: their generated texts were not stored, so they are not resumed
+    conn.execute(text("ALTER TABLE runs ADD COLUMN uid VARCHAR(32)"))
+    conn.execute(text("ALTER TABLE runs ADD COLUMN error TEXT"))
+    conn.execute(text("ALTER TABLE samples ADD COLUMN response TEXT"))
+
+
 # (version reached, function): applied in order to every database below that version
-MIGRATIONS = [(2, _v1_to_v2)]
+MIGRATIONS = [(2, _v1_to_v2), (3, _v2_to_v3)]
 
 
 def migrate(conn) -> int:
@@ -146,4 +160,19 @@ def migrate(conn) -> int:
             step(conn)
     if found < LATEST_VERSION:
         conn.execute(SchemaVersion.__table__.update().values(version=LATEST_VERSION))
+    _check_tables(conn)
     return found
+
+
+def _check_tables(conn) -> None:
+    """Every table and column of the current schema is there (a table dropped by hand or a half-restored file)."""
+    found = inspect(conn)
+    names = set(found.get_table_names())
+    for table in Base.metadata.sorted_tables:
+        if table.name not in names:
+            raise ValueError(f"results database is missing table {table.name}: it is damaged; restore it from a "
+                             "backup or point --db / EVALSUITE_DB at another one")
+        missing = sorted({c.name for c in table.columns} - {c["name"] for c in found.get_columns(table.name)})
+        if missing:
+            raise ValueError(f"results database table {table.name} is missing column {', '.join(missing)}: it is "
+                             "damaged; restore it from a backup or point --db / EVALSUITE_DB at another one")

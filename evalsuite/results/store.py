@@ -11,76 +11,33 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
-from sqlalchemy import create_engine, delete, event, insert, select, update
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy import create_engine, delete, insert, select, update
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
 from . import provenance
+from .connect import BUSY_TIMEOUT_MS, check_sqlite_file, disk_full, locked, resolve_url, shown, sqlite_setup
 from .lm_eval_rows import engine_rows, run_config, sample_rows, task_count, task_metric_rows
 from .schema import RUN_STATUSES, EngineMetric, Run, Sample, TaskMetric, migrate
 
-DEFAULT_PATH = os.path.join("results", "results.db")
 _WRITER_COLUMNS = ("writer_pid", "writer_host", "writer_start", "heartbeat_at")
 RUN_COLUMNS = [c.name for c in Run.__table__.columns if c.name not in ("id", "config", *_WRITER_COLUMNS)]
 _ROW_COLUMNS = {table: {c.name for c in table.__table__.columns} - {"id", "run_id", "task"}
                 for table in (TaskMetric, EngineMetric, Sample)}
-_BUSY_TIMEOUT_MS = 30_000
 
 
-def _now() -> datetime:
+def error_line(exc: BaseException) -> str:
+    """What a failed run stores: the exception type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def now_utc() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-def _shown(url) -> str:
-    return url.render_as_string(hide_password=True)
-
-
-def _resolve_url(url: str | None):
-    """None -> $EVALSUITE_DB -> sqlite:///results/results.db; a bare path means a SQLite file."""
-    url = url or os.environ.get("EVALSUITE_DB")
-    default = not url
-    if default:
-        os.makedirs(os.path.dirname(DEFAULT_PATH), exist_ok=True)
-        url = f"sqlite:///{DEFAULT_PATH}"
-    elif "://" not in url and not re.match(r"[A-Za-z][\w+.-]*:", url):
-        url = f"sqlite:///{url}"
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        raise ValueError(f"results database URL {url!r} is not a URL; use e.g. sqlite:///results/results.db "
-                         "or postgresql+psycopg://user:password@host/dbname") from None
-    if parsed.drivername in ("postgresql", "postgres"):  # psycopg (3) is the driver evalsuite installs
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        folder = os.path.dirname(os.path.abspath(parsed.database))
-        if not os.path.isdir(folder):
-            raise ValueError(f"results database folder {folder} does not exist; create it or choose another --db")
-    return parsed
-
-
-def _sqlite_setup(engine) -> None:
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_conn, _record):
-        dbapi_conn.isolation_level = None  # SQLAlchemy's begin event below issues BEGIN itself
-        cursor = dbapi_conn.cursor()
-        cursor.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn):
-        # take the write lock up front: a read lock upgraded later can fail at once instead of waiting
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _locked(exc: Exception) -> bool:
-    message = str(exc).lower()
-    return "locked" in message or "busy" in message or "could not serialize" in message or "deadlock" in message
 
 
 def stored_config(stored) -> dict:
@@ -88,7 +45,7 @@ def stored_config(stored) -> dict:
     return json.loads(stored) if isinstance(stored, str) else (stored or {})
 
 
-def _json_ready(value):
+def json_ready(value):
     # tuples, numpy scalars, dates, paths -> plain JSON
     return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
@@ -104,15 +61,17 @@ def _plain(value):
 
 class ResultsDB:
     def __init__(self, url: str | None = None, stale_after_s: float = 24 * 3600):
-        parsed = _resolve_url(url)
-        self.url, self.stale_after_s = _shown(parsed), stale_after_s
+        parsed = resolve_url(url)
+        self.url, self.stale_after_s = shown(parsed), stale_after_s
         try:
             if parsed.get_backend_name() == "sqlite":
-                self.engine = create_engine(parsed, connect_args={"timeout": _BUSY_TIMEOUT_MS / 1000})
-                _sqlite_setup(self.engine)
+                self.engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+                sqlite_setup(self.engine)
             else:
                 connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
                 self.engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+            if parsed.get_backend_name() == "sqlite":
+                self._write(lambda conn: check_sqlite_file(conn, self.url))
             self.schema_version_found = self._write(migrate)
             if parsed.get_backend_name() == "sqlite":
                 self._use_wal()
@@ -137,7 +96,7 @@ class ResultsDB:
                 try:
                     cursor.execute("PRAGMA journal_mode=WAL")
                 except Exception as exc:  # noqa: BLE001 - sqlite3.OperationalError from the raw driver
-                    if not _locked(exc):
+                    if not locked(exc):
                         raise
                     time.sleep(0.1)
             cursor.close()
@@ -155,18 +114,29 @@ class ResultsDB:
 
     # ---- writing -------------------------------------------------------------------------------
     def _write(self, work, attempts: int = 8):
-        """Run work(conn) in one transaction, retrying when another writer holds the database."""
+        """Run work(conn) in one transaction, retrying when another writer holds the database. A write that
+        meets a full disk is rolled back whole and reported in one line."""
         for attempt in range(attempts):
             try:
                 with self.engine.begin() as conn:
                     return work(conn)
-            except OperationalError as exc:
-                if attempt == attempts - 1 or not _locked(exc):
+            except (DBAPIError, OSError) as exc:
+                if disk_full(exc):
+                    first = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+                    raise ValueError(f"results database {self.url} is full ({first}): free disk space or point "
+                                     "--db / EVALSUITE_DB at another disk; the results stored before are intact") \
+                        from None
+                if not isinstance(exc, OperationalError) or attempt == attempts - 1 or not locked(exc):
                     raise
                 time.sleep(0.05 * 2 ** attempt)
 
     def start_run(self, config: dict) -> int:
         """A new run with status 'running'; config keys naming runs columns fill them, all keys go to `config`."""
+        values = self.new_run_row(config)
+        return self._write(lambda conn: conn.execute(insert(Run).values(**values)).inserted_primary_key[0])
+
+    def new_run_row(self, config: dict) -> dict:
+        """The runs row of a new run written by this process."""
         values = {k: _plain(config[k]) for k in RUN_COLUMNS if k in config}
         for key, value in provenance.run_defaults().items():
             values.setdefault(key, value)
@@ -175,10 +145,11 @@ class ResultsDB:
         if values.get("status", "running") not in RUN_STATUSES:
             raise ValueError(f"run status {values['status']!r} is not one of {', '.join(RUN_STATUSES)}")
         pid = os.getpid()
-        values.update(status=values.get("status", "running"), started_at=values.get("started_at") or _now(),
-                      heartbeat_at=_now(), writer_pid=pid, writer_host=provenance.host(),
-                      writer_start=provenance.process_start(pid), config=_json_ready(dict(config)))
-        return self._write(lambda conn: conn.execute(insert(Run).values(**values)).inserted_primary_key[0])
+        values.update(status=values.get("status", "running"), started_at=values.get("started_at") or now_utc(),
+                      heartbeat_at=now_utc(), writer_pid=pid, writer_host=provenance.host(),
+                      writer_start=provenance.process_start(pid), config=json_ready(dict(config)),
+                      uid=values.get("uid") or uuid.uuid4().hex)
+        return values
 
     def add_task(self, run_id: int, task: str, metrics: list[dict], engine: list[dict] | None = None,
                  samples: list[dict] | None = None) -> None:
@@ -192,17 +163,18 @@ class ResultsDB:
                 conn.execute(delete(table).where(table.run_id == run_id, table.task == task))
                 if table_rows:
                     conn.execute(insert(table), [{**row, "run_id": run_id, "task": task} for row in table_rows])
-            conn.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=_now()))
+            conn.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=now_utc()))
 
         self._write(work)
 
-    def finish_run(self, run_id: int, status: str = "complete") -> None:
+    def finish_run(self, run_id: int, status: str = "complete", error: str | None = None) -> None:
+        """Close a run; a failed one keeps `error` (one line: the exception type and message)."""
         if status not in RUN_STATUSES:
             raise ValueError(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
 
         def work(conn):
             self._require_run(conn, run_id)
-            conn.execute(update(Run).where(Run.id == run_id).values(status=status, finished_at=_now()))
+            conn.execute(update(Run).where(Run.id == run_id).values(status=status, finished_at=now_utc(), error=error))
 
         self._write(work)
 
@@ -211,8 +183,8 @@ class ResultsDB:
         run_id = self.start_run(run_config(config, results))
         try:
             self.add_lm_eval_tasks(run_id, results, engine_by_task)
-        except BaseException:
-            self.finish_run(run_id, "failed")
+        except BaseException as exc:
+            self.finish_run(run_id, "failed", error_line(exc))
             raise
         self.finish_run(run_id, "complete")
         return run_id
@@ -230,49 +202,15 @@ class ResultsDB:
     def mark_stale_runs(self) -> list[int]:
         """Mark 'running' runs whose writer is dead (or silent for stale_after_s) 'incomplete'; returns their ids."""
         here = provenance.host()
-        cutoff = _now() - timedelta(seconds=self.stale_after_s)
+        cutoff = now_utc() - timedelta(seconds=self.stale_after_s)
         with self.engine.connect() as conn:
             running = conn.execute(select(Run.id, Run.writer_pid, Run.writer_host, Run.writer_start,
                                           Run.heartbeat_at, Run.started_at).where(Run.status == "running")).all()
-        stale = []
-        for run in running:
-            if run.writer_host == here and run.writer_pid is not None:
-                dead = not provenance.process_alive(run.writer_pid, run.writer_start)
-            else:
-                last = run.heartbeat_at or run.started_at
-                dead = last is None or last < cutoff
-            if dead:
-                stale.append(run.id)
+        stale = [run.id for run in running if _writer_gone(run, here, cutoff)]
         if stale:
             self._write(lambda conn: conn.execute(
                 update(Run).where(Run.id.in_(stale), Run.status == "running").values(status="incomplete")))
         return stale
-
-    def matching_run(self, config: dict) -> tuple[int, str, set[str]] | None:
-        """The newest complete or incomplete run made with exactly `config` (so resuming never mixes
-        answers of two configurations): its id, status and the tasks it stored; None if there is none."""
-        self.mark_stale_runs()
-        wanted = _json_ready(dict(config))
-        with self.engine.connect() as conn:
-            candidates = conn.execute(select(Run.id, Run.status, Run.config)
-                                      .where(Run.status.in_(("complete", "incomplete"))).order_by(Run.id.desc())).all()
-            for run_id, status, stored in candidates:
-                if stored_config(stored) == wanted:
-                    done = conn.execute(select(TaskMetric.task).where(TaskMetric.run_id == run_id).distinct())
-                    return run_id, status, {row.task for row in done}
-        return None
-
-    def resume_run(self, run_id: int) -> None:
-        """Take over an incomplete run: this process becomes its writer and it is 'running' again."""
-        pid = os.getpid()
-
-        def work(conn):
-            self._require_run(conn, run_id)
-            conn.execute(update(Run).where(Run.id == run_id).values(
-                status="running", finished_at=None, heartbeat_at=_now(), writer_pid=pid,
-                writer_host=provenance.host(), writer_start=provenance.process_start(pid)))
-
-        self._write(work)
 
     @staticmethod
     def _require_run(conn, run_id) -> None:
@@ -316,6 +254,13 @@ class ResultsDB:
 
     def samples(self, run_ids=None) -> pd.DataFrame:
         return self._rows(Sample, run_ids)
+
+
+def _writer_gone(run, here: str, cutoff: datetime) -> bool:
+    if run.writer_host == here and run.writer_pid is not None:
+        return not provenance.process_alive(run.writer_pid, run.writer_start)
+    last = run.heartbeat_at or run.started_at
+    return last is None or last < cutoff
 
 
 def _checked(table, rows: list[dict]) -> list[dict]:
