@@ -178,6 +178,7 @@ class Engine:
                 empty = torch.empty(0, dtype=self.layout.dtype, device=self.device)
                 setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
         placement.move_non_experts(self.model, self.layers, self.layout, self.device)
+        self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
         self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
                                  self.layout.dtype, self.device, cache_policy, per_layer)
         self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
@@ -396,6 +397,28 @@ class Engine:
                 "expert_bytes": self.layout.nbytes,
                 "cache_experts": self.cache.slots.shape[0] if self.cache is not None else None,
                 "link": self.link.name if self.link is not None else None}
+
+    def clear_cache(self) -> None:
+        """Start cold, as a new engine would: let copies in flight land, empty the expert cache, and drop
+        what prediction carried over (pending predictions and prefetches, the scheduler's layer timing)."""
+        if self.driver is not None:
+            self.driver.pending.clear()
+            self.driver.deferred = None
+            if self.driver.scheduler is not None:
+                self.driver.scheduler.layer_s = self.driver.scheduler._last = None
+        if self.cache is None:
+            return
+        for transfer in list(self.cache.transfers.values()):
+            try:
+                transfer.wait(self.timeout_s)
+            except TransferError:
+                pass  # a failed copy leaves nothing to keep: its slot is emptied with the rest
+        self._prefetched.clear()
+        # a new, empty cache over the same slot memory (built on the meta device: nothing is allocated)
+        slots = self.cache.slots
+        self.cache = ExpertCache([l.index for l in self.layers], slots.shape[0], self.layout.numel,
+                                 self.layout.dtype, "meta", *self._cache_options)
+        self.cache.slots = slots
 
     def take_record(self) -> EngineRecord:
         """What was measured since the last take or reset; starts a fresh record."""

@@ -55,6 +55,8 @@ class EngineAdapter:
             groups[request.task_name].append(position)
         results = [None] * len(requests)
         for task, positions in groups.items():
+            # each task starts from a cold cache, so its engine metrics do not depend on what ran before
+            self.engine.clear_cache()
             self.engine.take_record()  # whatever ran before belongs to no task
             outputs = run([requests[p] for p in positions], disable_tqdm=disable_tqdm)
             self.records[task].merge(self.engine.take_record())
