@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 
-# make eval MODEL=dir[,dir] MODE=m[,m] PREDICTOR=p TASKS=t[,t] LIMIT=n DATA_DIR=dir CACHE=f LINK=l DB=url
+# make eval MODEL=dir[,dir] MODE=m[,m] PREDICTOR=p TASKS=t[,t] LIMIT=n DATA_DIR=dir CACHE=f LINK=l DB=url SANDBOX=weak
 MODEL     ?=
 MODE      ?= resident,on-demand,router-preserving,speculative
 PREDICTOR ?= gate
@@ -18,9 +18,10 @@ CACHE     ?= 0.25
 LINK      ?= ufs4
 DATA_DIR  ?= $(wildcard ../shared/data)
 DB        ?=
+SANDBOX   ?=
 EVAL_ARGS = $(if $(MODEL),--model $(MODEL)) --modes $(MODE) --predictor $(PREDICTOR) $(if $(TASKS),--tasks $(TASKS)) \
 	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
-	$(if $(DB),--db $(DB)) --confirm-run-unsafe-code
+	$(if $(DB),--db $(DB)) $(if $(SANDBOX),--sandbox $(SANDBOX)) --confirm-run-unsafe-code
 
 GATE_DB  = sqlite:///results/gate.db
 GATE_LIMIT ?= 20

@@ -34,6 +34,22 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
+def _add_sandbox_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", choices=("namespaces", "weak"), default="namespaces",
+                   help="confinement for generated code: namespaces (default; needs root with CAP_SYS_ADMIN) or "
+                        "weak (rlimits and audit hooks only, for machines without namespaces; recorded on every run)")
+
+
+def _use_sandbox(args) -> None:
+    """The scorers run inside lm-eval and take no options: the choice travels in the environment."""
+    import os
+
+    from .scoring.sandbox import CHOICE_ENV
+
+    if args.sandbox == "weak":
+        os.environ[CHOICE_ENV] = "weak"
+
+
 def cmd_generate(args) -> int:
     from .generate import DEMO_PROMPTS, compare_modes, format_table, load_model
 
@@ -91,6 +107,7 @@ def cmd_eval(args) -> int:
     from .lm.suite import format_rows, run_suite
 
     models = split_names(args.model, "--model") if args.model is not None else default_models()
+    _use_sandbox(args)
     if args.data_dir:
         os.environ["EVALSUITE_DATA_DIR"] = os.path.abspath(args.data_dir)
     if args.tasks is not None:
@@ -116,6 +133,7 @@ def cmd_sweep(args) -> int:
     from .results.report import pareto_table, summary_table, sweep_runs
     from .sweep import load_sweep, run_sweep
 
+    _use_sandbox(args)
     sweep = load_sweep(args.file)
     if args.retries is not None:
         sweep.retries = args.retries
@@ -205,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start new runs even where a run with this exact configuration is stored (default: resume it)")
     e.add_argument("--confirm-run-unsafe-code", action="store_true",
                    help="allow scoring generated code (in the sandbox): needed by code tasks")
+    _add_sandbox_option(e)
     _add_engine_options(e)
     e.set_defaults(run=cmd_eval, cache_capacity=0.25, predictor="gate")
 
@@ -217,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "sqlite:///results/results.db); a Ray cluster needs PostgreSQL")
     w.add_argument("--workers", type=int, help="local cells at once (processes; default: the file's `workers`)")
     w.add_argument("--retries", type=int, help="extra attempts for a failed cell (default: the file's `retries`)")
+    _add_sandbox_option(w)
     w.set_defaults(run=cmd_sweep)
 
     from .results.cli import add_commands

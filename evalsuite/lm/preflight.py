@@ -62,6 +62,13 @@ def check_eval(models, modes, tasks, limit, *, predictor="gate", predictor_path=
     unsafe = unsafe_tasks(requested, manager)
     if unsafe and not confirm_run_unsafe_code:
         raise ValueError(f"{', '.join(unsafe)} run(s) model-written code (in the sandbox): {CONFIRM}")
+    if unsafe:
+        from ..scoring.sandbox import SandboxUnavailable, confinement_to_use
+
+        try:  # a system that offers only the weak sandbox is refused here, not after earlier tasks stored
+            confinement_to_use()
+        except SandboxUnavailable as exc:
+            raise ValueError(str(exc)) from None
     if model_files:
         for model in models:
             check_model(model)

@@ -19,6 +19,8 @@ from ..results.claim import claim_run
 from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
 from ..results.store import error_line
+from ..scoring.sandbox import confinement_to_use
+from .preflight import check_eval, unsafe_tasks
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
@@ -102,20 +104,18 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
 
     manager = TaskManager(include_path=TASKS_DIR)
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
-    unknown = sorted({t for ts in tasks_of.values() for t in ts if t not in manager.all_tasks})
-    if unknown:
-        raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
-                         "(or `lm_eval ls tasks --include_path tasks`)")
+    # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
+    check_eval(models, modes, tasks_of, limit, predictor=predictor, predictor_path=predictor_path,
+               cache_capacity=cache_capacity, link=link, confirm_run_unsafe_code=confirm_run_unsafe_code,
+               manager=manager, open_db=False)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
-    for model in models:
-        if not os.path.isfile(os.path.join(model, "config.json")):
-            raise FileNotFoundError(f"no model directory {model!r} (with a config.json): pass --model DIR "
-                                    "(make eval MODEL=DIR), or train the shipped ones with `make tiny-models`")
     rows = []
     for model in models:
         tasks = tasks_of[model]
         adapter = "specmoe-vlm" if is_vision_language(model) else "specmoe"
         tokenizer = AutoTokenizer.from_pretrained(model)
+        # what confined the generated code of this model's runs (None: no task runs code)
+        sandbox = confinement_to_use() if unsafe_tasks(tasks, manager) else None
         reference: dict[str, dict] = {}
         for mode in modes:
             name = os.path.basename(model.rstrip("/"))
@@ -129,7 +129,8 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
                       "cache_policy": "lru" if mode != "resident" else None, "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
-                      "git_commit": git_commit(), "evalsuite_version": __version__, **(extra_config or {})}
+                      "sandbox": sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
+                      **(extra_config or {})}
             try:  # refused, or waited for, before anything is stored
                 check_generation_lengths(manager, tasks, lm, name)
                 run_id, uid, done = open_run(db, config, fresh, progress)

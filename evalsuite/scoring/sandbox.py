@@ -101,6 +101,12 @@ def confinement_in_force() -> str:
     return "namespaces"
 
 
+def confinement_to_use() -> str:
+    """The confinement generated code will run under here: "namespaces", or "weak" when asked for by name;
+    `SandboxUnavailable` (one line, saying what to do) when only the weak one exists and nobody asked."""
+    return _mode_to_use()
+
+
 def _mode_to_use() -> str:
     choice = os.environ.get(CHOICE_ENV, "")
     if choice not in ("", "weak"):
