@@ -8,7 +8,11 @@ miss           an expert use that started a transfer; hits + misses = uses.
 prefetch       a transfer started ahead of need; bytes transferred = (misses + prefetches) x
                expert bytes.
 prefetch precision  prefetched experts later used while resident / prefetches; a prefetched
-               expert evicted before any use is a wasted transfer.
+               expert evicted before any use is a wasted transfer. Cancelled prefetches stay
+               in the denominator (they were issued and took link time), not in wasted.
+prefetch cancelled  a prefetch whose copy was still queued or moving when its layer's router
+               chose experts without it: the copy was dropped or stopped at a chunk boundary
+               and its slot given back (prefetched-but-landed experts are never cancelled).
 recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
                averaged within a sample, then across samples (SpecPrefetch); see modes.py.
 divergence     per sample, against the resident run's greedy generation: the first generated
@@ -43,6 +47,7 @@ class Counters:
     prefetches: int = 0
     prefetch_used: int = 0
     prefetch_wasted: int = 0
+    prefetch_cancelled: int = 0
     bytes_transferred: int = 0
     stall_s: float = 0.0
 

@@ -2,6 +2,9 @@
 
 router-preserving  the prediction only starts transfers; the native router decides what runs
                    (output bit-identical to resident for every predictor).
+Every sparse layer is predicted: at a decode token's last sparse layer the predictor also scores
+the next token's first sparse layer (`Predictor.next_token_scores`), prefetched like any other.
+
 speculative        from the second sparse layer on, decode tokens execute the predicted experts,
                    weighted by the layer's own routing formula applied to its router's logits
                    for the predicted set (seed A); prefill routes natively, as seed A's engine
@@ -65,12 +68,17 @@ class PredictionDriver:
         if engine.shadow:  # the oracle's shadow pass only records the true routing
             self.predictor.trace[pos] = ids
             return None
-        if pos == 0:
-            self.pending.clear()
+        if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
+            first = self.pending.get(0) if engine.decoding else None
+            self.pending = {} if first is None else {0: first}
             self.deferred = None
-        if self.scheduler is not None:
-            self.scheduler.layer_started(pos)
         predicted = self.pending.pop(pos, None)
+        if self.scheduler is not None:
+            if pos == 0 and not engine.decoding:
+                self.scheduler.new_request()
+            self.scheduler.layer_started(pos)
+            if predicted is not None and engine.decoding:
+                self.scheduler.observe(engine.layers[pos].index, predicted, set(ids.reshape(-1).tolist()))
         replaced = None
         # recall@k over decode tokens; by token kind over prefill too (image tokens live there)
         if predicted is not None and (engine.decoding or engine.kinds is not None):
@@ -85,11 +93,15 @@ class PredictionDriver:
             ids = predicted.topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)
             replaced = (logits, weights, ids)
-        target = pos + self.horizon
-        if target < len(engine.layers):
-            state = LayerState(pos, x, self.residual.get(pos), ids, weights)
-            with torch.no_grad():
-                scores = self.predictor.scores(state, self.horizon)
+        if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
+            engine.settle_prefetches(engine.layers[pos].index, set(ids.reshape(-1).tolist()))
+        target, scores = pos + self.horizon, None
+        with torch.no_grad():
+            if target < len(engine.layers):
+                scores = self.predictor.scores(LayerState(pos, x, self.residual.get(pos), ids, weights), self.horizon)
+            elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer
+                target, scores = 0, self.predictor.next_token_scores(x)
+        if scores is not None:
             self.pending[target] = scores
             if engine.tracer is not None:
                 ranked = torch.softmax(scores.float(), dim=-1).sum(dim=0).argsort(descending=True)
@@ -101,11 +113,19 @@ class PredictionDriver:
         return replaced
 
     def release_prefetch(self) -> None:
-        """Start the prefetches of the last prediction (the engine calls this after demand loads)."""
+        """Start the prefetches of the last prediction (the engine calls this after demand loads).
+        A layer that will speculate executes exactly the predicted top-k of each row: that whole
+        set (the union over rows, whatever the budget) goes at once at demand priority, behind
+        this layer's own loads, with no window test; other layers go through the scheduler."""
         if self.deferred is not None:
             target, scores = self.deferred
             self.deferred = None
-            self.scheduler.schedule(target, scores, self.horizon)
+            if self.speculates(target):
+                top_k = self.engine.layers[target].top_k
+                chosen = scores.topk(min(top_k, scores.shape[1]), dim=-1).indices.unique().tolist()
+                self.engine.prefetch(self.engine.layers[target].index, chosen, demand=True)
+            else:
+                self.scheduler.schedule(target, scores, self.horizon if target > 0 else 1)
 
     def _add_recall(self, k: int, layer: int, per_token: torch.Tensor) -> None:
         total, count = self.current.get((k, layer), (0.0, 0))

@@ -100,7 +100,8 @@ class StubEngine:
         self.layers = [type("L", (), {"index": i})() for i in range(3)]
         self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
-                                        "pending": staticmethod(lambda: queued)})()
+                                        "pending": staticmethod(lambda: queued), "chunk_bytes": 64})()
+        self.layout = type("X", (), {"nbytes": 4096})()  # a chunk is 1/64 of a copy
         self.started = []
 
     def prefetch(self, layer, experts):
@@ -112,10 +113,11 @@ def test_scheduler_ranks_skips_resident_and_respects_the_window():
     scores = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
     engine = StubEngine(per_transfer=0.45e-3, resident={(1, 0)})
     scheduler = PrefetchScheduler(engine, budget=4, window=True)
-    scheduler.layer_s = 1e-3  # a layer takes 1 ms: two 0.45 ms transfers fit, a third does not
-    assert scheduler.schedule(1, scores, h=1) == 2
-    assert engine.started == [(1, 1), (1, 2)]
-    engine = StubEngine(per_transfer=0.45e-3, queued=2)  # two already queued: none fits
+    # a layer takes 1 ms: two 0.45 ms transfers land in time, a third hides 0.1 ms of its copy: it goes too
+    scheduler.layer_s = 1e-3
+    assert scheduler.schedule(1, scores, h=1) == 3
+    assert engine.started == [(1, 1), (1, 2), (1, 3)]
+    engine = StubEngine(per_transfer=0.45e-3, queued=3)  # three already queued: none starts before the layer
     scheduler = PrefetchScheduler(engine, budget=4, window=True)
     scheduler.layer_s = 1e-3
     assert scheduler.schedule(1, scores, h=1) == 0

@@ -262,11 +262,12 @@ class Engine:
     def _stored_views(self, experts, layer: int, expert: int) -> dict[str, torch.Tensor]:
         return self.layout.views(self.store.read((layer, expert)).to(self.device))
 
-    def prefetch(self, layer: int, experts) -> int:
+    def prefetch(self, layer: int, experts, demand: bool = False) -> int:
         """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
         transfers started. Resident experts are skipped; a slot is taken only if one can be
         freed without touching pinned or in-flight experts. A prefetched expert waits at the
-        cache's eviction end until a use confirms it. Prefetching never changes outputs."""
+        cache's eviction end until a use confirms it. Prefetching never changes outputs.
+        `demand`: the copies queue with demand loads (experts that will certainly execute)."""
         if self.cache is None:
             return 0
         counters, started = self.record.counters[layer], 0
@@ -277,11 +278,33 @@ class Engine:
                 continue
             slot, evicted = self.cache.place(key, exclude=keep, prefetch=True)
             self._evicted(evicted)
-            self._submit(key, slot, counters, prefetch=True)
+            self._submit(key, slot, counters, prefetch=not demand)
             self._prefetched.add(key)
             counters.prefetches += 1
             started += 1
         return started
+
+    def settle_prefetches(self, layer: int, confirmed) -> int:
+        """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
+        are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot
+        goes back to the pool, and the expert it evicted stays evicted), and the picked ones
+        still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
+        how many were cancelled."""
+        if self.cache is None:
+            return 0
+        counters, cancelled = self.record.counters[layer], 0
+        for key in [k for k in self._prefetched if k[0] == layer]:
+            transfer = self.cache.transfers.get(key)
+            if transfer is None or transfer.done.is_set():
+                continue  # landed: it stays at the eviction end, free to evict, maybe used later
+            if key[1] in confirmed:
+                self.transfers.promote(transfer)
+            elif not self.cache.pins.get(key) and self.transfers.cancel(transfer):
+                self.cache.forget(key)
+                self._prefetched.discard(key)
+                counters.prefetch_cancelled += 1
+                cancelled += 1
+        return cancelled
 
     def _submit(self, key, slot: int, counters: Counters, prefetch: bool = False) -> None:
         transfer = self.transfers.submit(key, self.cache.slots[slot], prefetch)

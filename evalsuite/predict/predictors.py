@@ -39,6 +39,11 @@ class Predictor:
     def scores(self, state: LayerState, h: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def next_token_scores(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The next token's first sparse layer, from the last sparse layer's router input `x`:
+        its router applied to `x` (the gate rule across the token boundary); None if unknown."""
+        return self._from_logits(0, router_logits(self.layers[0].router, x))
+
     def _from_logits(self, target: int, logits: torch.Tensor) -> torch.Tensor:
         return self.family.selection_scores(self.layers[target].router, logits)
 
@@ -118,6 +123,9 @@ class OraclePredictor(Predictor):
         ranks = torch.arange(k, 0, -1, dtype=torch.float32, device=ids.device).expand(ids.shape[0], -1)
         scores = torch.zeros(ids.shape[0], self.layers[state.pos + h].num_experts, device=ids.device)
         return scores.scatter(1, ids, ranks)
+
+    def next_token_scores(self, x):
+        return None  # the shadow pass sees this forward pass only, not the next token's
 
 
 class HybridPredictor(QuasiPredictor):

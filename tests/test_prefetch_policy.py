@@ -1,0 +1,106 @@
+"""The engine's prefetch policy: once a layer's router has decided, its wrong prefetches leave
+the link and give their slots back, and the right ones still moving go first; outputs unchanged."""
+import copy
+
+import torch
+
+import evalsuite
+from evalsuite import arch
+
+from .helpers import batch, reference_model
+
+SLOW = "1GB/s+300000us"  # every copy takes 0.3 s: the prefetches are still on the link when settled
+
+
+def copy_and_reference(rows: int, tokens: int):
+    """A copy of the tiny qwen3 model, a batch, and the resident model's greedy generation of it."""
+    reference = reference_model("qwen3_moe")
+    ids, mask = batch(rows)
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return copy.deepcopy(reference), ids, mask, expected
+
+
+def test_settling_cancels_unpicked_prefetches_frees_their_slots_and_promotes_the_picked_one():
+    model = copy.deepcopy(reference_model("olmoe", "float32"))
+    layer = arch.sparse_layers(model)[0].index
+    with evalsuite.offload(model, mode="on-demand", cache_capacity=8, link=SLOW) as engine:
+        pool = engine.cache.pools[layer]
+        free_before = len(pool.free)
+        assert engine.prefetch(layer, [0, 1, 2, 3]) == 4
+        picked = engine.cache.transfers[(layer, 3)]
+        assert picked.prefetch
+        assert engine.settle_prefetches(layer, {3, 5}) == 3
+        assert [engine.cache.resident((layer, e)) for e in range(4)] == [False, False, False, True]
+        assert len(pool.free) == free_before - 1  # only the picked expert holds a slot
+        assert not picked.prefetch  # demand priority now
+        picked.wait(5)
+        assert torch.equal(engine.cache.slots[engine.cache.slot_of[(layer, 3)]], engine.store.read((layer, 3)))
+        s = engine.stats()
+    assert s["prefetch_cancelled"] == 3 and s["prefetches"] == 4 and s["prefetch_wasted"] == 0
+
+
+def test_a_landed_prefetch_is_never_cancelled():
+    model = copy.deepcopy(reference_model("olmoe", "float32"))
+    layer = arch.sparse_layers(model)[0].index
+    with evalsuite.offload(model, mode="on-demand", cache_capacity=8) as engine:
+        assert engine.prefetch(layer, [0]) == 1
+        engine.cache.transfers[(layer, 0)].wait_landed(5)
+        assert engine.settle_prefetches(layer, {4}) == 0
+        assert engine.cache.resident((layer, 0))
+
+
+def test_router_preserving_cancels_wrong_prefetches_and_stays_exact():
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=4)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", prefetch_budget=6,
+                           cache_capacity=0.5, link="1GB/s+20000us") as engine, torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        s = engine.stats()
+    assert torch.equal(out, expected)
+    assert s["prefetch_cancelled"] > 0
+    assert s["prefetch_used"] + s["prefetch_cancelled"] <= s["prefetches"]
+
+
+def sends_of_speculative_run(rows: int):
+    """(layer, experts, demand) of every prefetch call of a speculative decode whose window test
+    would refuse every transfer (the scheduler believes a layer takes 1 ns)."""
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(rows)
+    with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=6,
+                           cache_capacity=0.5, link="4GB/s+2000us") as engine, torch.no_grad():
+        scheduler = engine.driver.scheduler
+        scheduler.layer_started = lambda pos: setattr(scheduler, "layer_s", 1e-9)
+        sends, prefetch = [], engine.prefetch
+        engine.prefetch = lambda layer, experts, demand=False: (
+            sends.append((layer, list(experts), demand, engine.decoding)), prefetch(layer, experts, demand))[1]
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        top_k, first = engine.layers[0].top_k, engine.layers[0].index
+    return [s for s in sends if s[3] and s[0] != first], top_k  # the first sparse layer never speculates
+
+
+def test_speculative_sends_the_whole_predicted_set_at_demand_priority_without_a_window():
+    sends, top_k = sends_of_speculative_run(rows=1)
+    assert sends, "a closed window must not stop experts that will certainly execute"
+    assert all(demand for _, _, demand, _ in sends)
+    assert all(len(experts) == top_k for _, experts, _, _ in sends)  # budget 6 clamped to top-k
+
+
+def test_speculative_sends_for_a_batch_are_the_union_of_each_row_s_top_k():
+    sends, top_k = sends_of_speculative_run(rows=3)
+    assert sends and all(top_k <= len(experts) <= 3 * top_k for _, experts, _, _ in sends)
+    assert all(len(set(experts)) == len(experts) for _, experts, _, _ in sends)
+
+
+def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored():
+    model, ids, mask, expected = copy_and_reference(rows=2, tokens=5)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5) as engine, \
+            torch.no_grad():
+        sends, prefetch = [], engine.prefetch
+        engine.prefetch = lambda layer, experts, demand=False: (sends.append(layer), prefetch(layer, experts, demand))[1]
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        first = engine.layers[0].index
+        recall = engine.stats()["recall"][engine.layers[0].top_k]
+    assert torch.equal(out, expected)
+    assert first in recall["layers"] and 0 <= recall["layers"][first] <= 1
+    assert recall["samples"] == 2
+    assert first in sends  # the scheduler was asked to prefetch it

@@ -1,0 +1,83 @@
+"""The prefetch scheduler: decode-only layer time without stalls, late copies still sent when
+they hide part of their time, and an expected-value rule from each rank's observed precision."""
+from types import SimpleNamespace
+
+import torch
+
+from evalsuite.engine import scheduler as scheduler_module
+from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.metrics import Counters
+
+
+class FakeEngine:
+    """What the scheduler reads: one sparse layer (index 7) of 8 experts, a 1 s-per-copy link."""
+
+    def __init__(self, pending=0):
+        self.decoding = False
+        self.record = SimpleNamespace(counters={7: Counters()})
+        self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
+        self.cache = SimpleNamespace(resident=lambda key: False)
+        self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, pending=lambda: pending, chunk_bytes=10)
+        self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
+        self.sent = []
+
+    def prefetch(self, layer, experts):
+        self.sent.append(list(experts))
+        return len(experts)
+
+
+def scores_ranking(order):
+    """Router scores (one token) whose confidence ranks the experts in `order`."""
+    s = torch.zeros(1, 8)
+    for rank, e in enumerate(order):
+        s[0, e] = 10.0 - rank
+    return s
+
+
+def at(monkeypatch, seconds):
+    monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: seconds)
+
+
+def test_layer_time_is_decode_only_and_leaves_out_stalls(monkeypatch):
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    for pos, t in ((0, 0.0), (1, 4.9)):  # prefill: slow layers
+        at(monkeypatch, t)
+        s.layer_started(pos)
+    assert s.layer_s is None
+    engine.decoding = True
+    at(monkeypatch, 10.0)
+    s.layer_started(0)
+    engine.record.counters[7].stall_s += 0.3  # the layer waited 0.3 s for a copy
+    at(monkeypatch, 10.5)
+    s.layer_started(1)
+    assert abs(s.layer_s - 0.2) < 1e-9
+    s.new_request()
+    assert s.layer_s is None
+
+
+def test_a_copy_that_lands_after_the_layer_starts_still_goes():
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 0.5  # half a copy's time before the layer starts: it hides half of it
+    assert s.schedule(1, scores_ranking([3, 5]), h=1) >= 1
+    assert engine.sent[0][0] == 3
+
+
+def test_a_rank_the_router_never_confirms_is_not_sent():
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    for _ in range(200):  # rank 0 always picked, rank 1 never
+        s.observe(7, scores_ranking([3, 5]), {3})
+    s.layer_s = 10.0
+    s.schedule(1, scores_ranking([2, 4]), h=1)
+    assert engine.sent == [[2]]
+    assert s.precision(7)[0] > 0.99 and s.precision(7)[1] < 0.01
+
+
+def test_nothing_is_sent_once_the_queue_ahead_outlasts_the_layer():
+    engine = FakeEngine(pending=5)
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 0.5
+    s.schedule(1, scores_ranking([3, 5]), h=1)
+    assert engine.sent == [[]]
