@@ -69,6 +69,7 @@ class PredictionDriver:
             self.predictor.trace[pos] = ids
             return None
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
+            self.predictor.on_token(engine.decoding)
             first = self.pending.get(0) if engine.decoding else None
             self.pending = {} if first is None else {0: first}
             self.deferred = None

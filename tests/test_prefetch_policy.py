@@ -2,6 +2,7 @@
 the link and give their slots back, and the right ones still moving go first; outputs unchanged."""
 import copy
 
+import pytest
 import torch
 
 import evalsuite
@@ -104,3 +105,24 @@ def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored
     assert first in recall["layers"] and 0 <= recall["layers"][first] <= 1
     assert recall["samples"] == 2
     assert first in sends  # the scheduler was asked to prefetch it
+
+
+def test_trace_oracle_replays_a_resident_run_with_recall_one_on_the_same_tokens(tmp_path):
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=5)
+    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
+        for _ in range(2):  # two requests: the replay follows both
+            resident.model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        resident.routing_trace().save(tmp_path / "trace.json")
+    with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", cache_capacity=0.5,
+                           predictor_path=str(tmp_path / "trace.json")) as engine, torch.no_grad():
+        for _ in range(2):
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+            assert torch.equal(out, expected)
+        recall = engine.stats()["recall"][engine.layers[0].top_k]
+    assert recall["mean"] == 1.0 and set(recall["layers"]) == {l.index for l in engine.layers}
+
+
+def test_trace_oracle_without_a_trace_is_refused_in_one_line():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with pytest.raises(ValueError, match="record one with"):
+        evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle")

@@ -16,6 +16,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 from .. import arch
 from ..metrics import Counters, EngineRecord, RequestTiming
 from ..modes import PredictionDriver
+from ..perf.trace import RoutingTrace
 from ..predict import Artifact, build_predictor
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .kernel import run_experts
@@ -64,12 +65,13 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     store           'host' (pinned host memory, one flat buffer per expert) or 'disk' (read when
                     fetched from the safetensors checkpoint at `checkpoint`, default the model's
                     own directory).
-    predictor       gate | quasi | adapter | estimator | oracle | frequency | hybrid (default: gate,
-                    hybrid for mode 'hybrid'); `predictor_path` or `artifact` holds its calibration.
+    predictor       gate | quasi | adapter | estimator | oracle | trace-oracle | frequency | hybrid (default: gate,
+                    hybrid for mode 'hybrid'); `predictor_path` or `artifact` holds its calibration
+                    (for trace-oracle: a resident run's routing trace, offload(..., trace=True)).
                     In resident mode a predictor only measures recall.
     horizon         predict h sparse layers ahead (1 or 2; speculation needs 1).
     prefetch_budget candidates considered per prediction (default top-k); `window=False`
-                    submits them all, without the scheduler's will-it-land-in-time test.
+                    submits them all, without the scheduler's expected-saving test.
     recall_k        k values for recall@k (default [top-k]).
     drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.modes.
     transfer_timeout_s  a transfer not done by then raises instead of hanging.
@@ -147,9 +149,11 @@ class Engine:
             raise ValueError("mode 'on-demand' uses no predictor; choose router-preserving, speculative or hybrid")
         if self.mode in ("speculative", "hybrid") and horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
-        if predictor_path is not None:
+        if name == "trace-oracle":  # its "artifact" is a recorded routing trace
+            artifact = RoutingTrace.load(predictor_path) if predictor_path is not None else artifact
+        elif predictor_path is not None:
             artifact = Artifact.load(predictor_path, self.model, self.layers)
-        if artifact is not None:
+        if isinstance(artifact, Artifact):
             artifact = artifact.to(self.device)
         self.predictor = build_predictor(name, self.layers, self.family, artifact, horizon, drift_layers,
                                          drift_threshold)

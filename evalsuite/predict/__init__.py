@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .artifact import Artifact, ArtifactError, fingerprint
+from ..perf.trace import RoutingTrace
 from .predictors import NEEDS_ARTIFACT, PREDICTORS, HybridPredictor, LayerState, Predictor
 
 PREDICTOR_NAMES = tuple(PREDICTORS) + ("hybrid",)
@@ -16,7 +17,12 @@ def build_predictor(name: str, layers, family, artifact: Artifact | None = None,
     if name in NEEDS_ARTIFACT and artifact is None:
         raise ValueError(f"predictor {name!r} needs a calibration artifact: run `evalsuite calibrate --model M "
                          f"--predictor {name} --out DIR` and pass predictor_path=DIR/predictor.safetensors")
-    if name == "hybrid":
+    if name == "trace-oracle":
+        if not isinstance(artifact, RoutingTrace):
+            raise ValueError("predictor 'trace-oracle' replays a recorded routing trace: record one with "
+                             "offload(model, mode='resident', trace=True) and pass predictor_path=TRACE.json")
+        predictor = PREDICTORS[name](layers, family, artifact)
+    elif name == "hybrid":
         if drift_layers is None:
             recall = artifact.meta.get("recall", {}).get("quasi", {})
             drift_layers = [int(layer) for layer, value in recall.items() if value < drift_threshold]

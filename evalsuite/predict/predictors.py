@@ -39,6 +39,9 @@ class Predictor:
     def scores(self, state: LayerState, h: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def on_token(self, decoding: bool) -> None:
+        """A forward pass starts (a prefill, or one decode step); predictors that replay a run count them."""
+
     def next_token_scores(self, x: torch.Tensor) -> torch.Tensor | None:
         """The next token's first sparse layer, from the last sparse layer's router input `x`:
         its router applied to `x` (the gate rule across the token boundary); None if unknown."""
@@ -128,6 +131,61 @@ class OraclePredictor(Predictor):
         return None  # the shadow pass sees this forward pass only, not the next token's
 
 
+def _ranked_scores(ids: list[int], experts: int, rows: int, device) -> torch.Tensor:
+    """Scores K, K-1, ... for `ids` in order (0 elsewhere), one row per token."""
+    scores = torch.zeros(experts, device=device)
+    scores[torch.tensor(ids, device=device)] = torch.arange(len(ids), 0, -1, dtype=torch.float32, device=device)
+    return scores.expand(rows, -1)
+
+
+class TraceOraclePredictor(Predictor):
+    """A free, perfect predictor: replays the routing a resident run recorded (offload(...,
+    trace=True)) on the same token stream, request by request and decode step by decode step.
+    Batch-1 decode only, as traces are; a prefill is predicted as the experts its layer ran."""
+
+    name, horizons = "trace-oracle", (1, 2)
+
+    def __init__(self, layers, family, trace):
+        super().__init__(layers, family, None)
+        self.routing, self.request, self.step = trace, -1, -1
+
+    def on_token(self, decoding):
+        if not decoding:
+            self.request += 1
+            if self.request >= len(self.routing.prefills):
+                raise ValueError(f"the routing trace holds {len(self.routing.prefills)} requests and this run has "
+                                 "more: record the trace on the same token stream")
+            self.step = self.routing.prefills[self.request][0] - 1
+        else:
+            self.step += 1
+
+    def _end(self) -> int:
+        """The first decode step after the running request's."""
+        following = self.routing.prefills[self.request + 1:]
+        return following[0][0] if following else len(self.routing.steps)
+
+    def _native(self, target: int, rows: int, device) -> torch.Tensor:
+        experts = self.layers[target].num_experts
+        if self.step < self.routing.prefills[self.request][0]:  # the prefill
+            return _ranked_scores(self.routing.prefills[self.request][1][target], experts, rows, device)
+        if rows != 1 or self.step >= self._end():
+            raise ValueError("trace-oracle replays batch-1 decode steps of the recorded run: run the same "
+                             "requests one at a time with the same number of new tokens")
+        return _ranked_scores(self.routing.steps[self.step][target].native, experts, rows, device)
+
+    def scores(self, state, h):
+        return self._native(state.pos + h, state.x.shape[0], state.x.device)
+
+    def next_token_scores(self, x):
+        if self.step + 1 >= self._end():
+            return None  # the request ends here
+        self.step += 1
+        try:
+            return self._native(0, x.shape[0], x.device)
+        finally:
+            self.step -= 1
+
+
 class HybridPredictor(QuasiPredictor):
     """Seed A's Hybrid-PF: the estimator in high-drift layers, the quasi predictor elsewhere."""
 
@@ -145,5 +203,5 @@ class HybridPredictor(QuasiPredictor):
 
 
 PREDICTORS = {p.name: p for p in (GatePredictor, QuasiPredictor, EstimatorPredictor, AdapterPredictor,
-                                   FrequencyPredictor, OraclePredictor)}
+                                   FrequencyPredictor, OraclePredictor, TraceOraclePredictor)}
 NEEDS_ARTIFACT = {"quasi", "estimator", "adapter", "frequency", "hybrid"}
