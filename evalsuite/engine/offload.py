@@ -436,8 +436,8 @@ class Engine:
         if self.cache is None:
             return
         for transfer in list(self.cache.transfers.values()):
-            try:
-                transfer.wait(self.timeout_s)
+            try:  # a host wait: the slot is handed to a new cache, so no copy may still be writing it
+                transfer.wait_landed(self.timeout_s)
             except TransferError:
                 pass  # a failed copy leaves nothing to keep: its slot is emptied with the rest
         self._prefetched.clear()
