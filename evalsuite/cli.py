@@ -100,7 +100,25 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def as_flags(message: str) -> str:
+    """An engine option as lm-eval's model_args spell it (`predictor_path=X`) -> as this command's flag
+    (`--predictor-path X`), so an error tells the user the syntax of the interface they are in."""
+    import re
+
+    from .engine.options import RULES
+
+    names = "|".join(sorted({*RULES, "cache_capacity", "link", "predictor_path"}, key=len, reverse=True))
+    return re.sub(rf"\b({names})=", lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
+
+
 def cmd_eval(args) -> int:
+    try:
+        return _eval(args)
+    except (ValueError, FileNotFoundError) as exc:
+        raise type(exc)(as_flags(str(exc))) from None
+
+
+def _eval(args) -> int:
     import os
 
     from .lm.preflight import check_eval, split_names
@@ -116,12 +134,11 @@ def cmd_eval(args) -> int:
         tasks = {model: default_tasks(model) for model in models}
     modes = split_names(args.modes, "--modes")
     # the whole request is checked before run_suite loads the first model or stores anything
-    check_eval(models, modes, tasks, args.limit, predictor=args.predictor, predictor_path=args.predictor_path,
-               cache_capacity=args.cache_capacity, link=args.link, db_url=args.db,
+    engine = dict(predictor=args.predictor, predictor_path=args.predictor_path, cache_capacity=args.cache_capacity,
+                  link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store)
+    check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
-    rows = run_suite(models, modes, tasks, args.limit, predictor=args.predictor,
-                     predictor_path=args.predictor_path, cache_capacity=args.cache_capacity, link=args.link,
-                     db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
+    rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
                      fresh=args.fresh)
     print(format_rows(rows))
     return 0
@@ -225,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow scoring generated code (in the sandbox): needed by code tasks")
     _add_sandbox_option(e)
     _add_engine_options(e)
-    e.set_defaults(run=cmd_eval, cache_capacity=0.25, predictor="gate")
+    e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
                                      "here or on Ray; skips cells already stored")

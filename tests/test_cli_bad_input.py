@@ -148,7 +148,7 @@ def cases(f, db):
                                                      "carrier-pigeon", "--tasks", "evalsuite_arith", "--db", db],
                                                     "carrier-pigeon"),
         "eval: capacity below one expert": (["eval", *quick, "--modes", "resident,on-demand", "--cache-capacity", "-1",
-                                             "--tasks", "evalsuite_arith", "--db", db], "cache_capacity"),
+                                             "--tasks", "evalsuite_arith", "--db", db], "--cache-capacity -1"),
         "eval: truncated checkpoint": (["eval", "--model", str(f / "truncated"), "--modes", "resident", "--limit", "1",
                                         "--tasks", "evalsuite_arith", "--db", db], "model.safetensors"),
         "eval: top-k zero": (["eval", "--model", str(f / "top-k-zero"), "--modes", "resident", "--limit", "1",

@@ -14,6 +14,9 @@ from .. import arch
 from ..engine.offload import PREDICTING
 from ..engine.options import check_options
 
+# the predictor a mode runs when none is given; `hybrid` is the estimator on drift layers plus quasi
+DEFAULT_PREDICTOR = {"resident": None, "on-demand": None, "router-preserving": "gate", "speculative": "gate",
+                     "hybrid": "hybrid"}
 CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
 
 
@@ -26,6 +29,27 @@ def split_names(text: str, flag: str) -> list[str]:
     return names
 
 
+def predictor_for(mode: str, predictor: str | None) -> str | None:
+    """The predictor `mode` runs: the one given where the mode predicts, else the mode's own."""
+    return (predictor or DEFAULT_PREDICTOR[mode]) if mode in PREDICTING else None
+
+
+def check_predictor(modes, predictor: str | None) -> None:
+    """A predictor given explicitly must fit every predicting mode it is run with, and some mode must use it."""
+    if predictor is None:
+        return
+    predicting = [mode for mode in modes if mode in PREDICTING]
+    if not predicting:
+        raise ValueError(f"--predictor {predictor}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
+                         "out, or add router-preserving, speculative or hybrid to --modes")
+    if "hybrid" in predicting and predictor != "hybrid":
+        raise ValueError(f"mode hybrid runs the hybrid predictor, not {predictor}: leave --predictor out (each mode "
+                         "then runs its own) or run hybrid separately")
+    if predictor == "hybrid" and predicting != ["hybrid"]:
+        raise ValueError(f"the hybrid predictor belongs to mode hybrid, not {', '.join(set(predicting) - {'hybrid'})}: "
+                         "leave --predictor out, and each mode runs its own")
+
+
 def task_manager():
     """lm-eval's index of its tasks and the project's (tasks/); building it takes a second or two."""
     from lm_eval.tasks import TaskManager
@@ -35,8 +59,8 @@ def task_manager():
     return TaskManager(include_path=TASKS_DIR)
 
 
-def check_eval(models, modes, tasks, limit, *, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
-               db_url=None, confirm_run_unsafe_code=False, manager=None, open_db=True, model_files=True) -> None:
+def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
+               cache_policy=None, cache_pools=None, store=None, db_url=None, confirm_run_unsafe_code=False, manager=None, open_db=True, model_files=True) -> None:
     """Refuse a bad eval request (the arguments of `run_suite`) with a one-line ValueError or
     FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep opens it once);
     `model_files=False` skips what only the machine running the model can check (a Ray cluster's)."""
@@ -48,7 +72,10 @@ def check_eval(models, modes, tasks, limit, *, predictor="gate", predictor_path=
         raise ValueError("no mode to run: pass --modes resident,on-demand,...")
     for mode in modes:
         check_options(mode=mode)
-    check_options(cache_capacity=cache_capacity, link=link, predictor=predictor)
+    check_options(cache_capacity=cache_capacity, link=link, predictor=predictor,
+                  **{k: v for k, v in dict(cache_policy=cache_policy, cache_pools=cache_pools, store=store).items()
+                     if v is not None})
+    check_predictor(modes, predictor)
     manager = manager or task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     requested = _known_tasks(tasks_of, manager)

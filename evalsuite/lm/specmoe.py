@@ -19,7 +19,20 @@ from ..metrics import EngineRecord
 from ..predict import fingerprint
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
-               "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s")
+               "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
+               "recall_k", "drift_layers", "preserve_layers")
+# model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8
+LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
+
+
+def parse_list(name: str, value) -> list[int]:
+    """`1;2;8` (or a single number, which lm-eval has already made an int) -> [1, 2, 8]."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    try:
+        return [int(item) for item in str(value).split(";")]
+    except ValueError:
+        raise ValueError(f"{name}={value!r} must be whole numbers separated by ';', e.g. {name}=1;2;8") from None
 
 
 def check_engine_args(args: dict) -> None:
@@ -81,6 +94,10 @@ class EngineAdapter:
 
 def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
     engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
+    try:
+        engine_args.update({k: parse_list(k, engine_args[k]) for k in LIST_ARGS if k in engine_args})
+    except ValueError as exc:
+        raise ValueError(f"specmoe: {exc}") from None
     # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
     engine_args.update(mode=mode, cache_capacity=cache_capacity)
     check_engine_args(engine_args)
@@ -91,7 +108,8 @@ def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
 @register_model("specmoe")
 class SpecMoELM(EngineAdapter, HFLM):
     """model_args: pretrained, mode, predictor, predictor_path, cache_capacity, cache_policy,
-    cache_pools, link, store, horizon, prefetch_budget, window, ... plus every HFLM argument."""
+    cache_pools, link, store, horizon, prefetch_budget, window, recall_k, drift_layers, preserve_layers (lists:
+    `recall_k=1;2;8`), ... plus every HFLM argument."""
 
     def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
                  **kwargs):

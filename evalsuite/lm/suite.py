@@ -20,7 +20,8 @@ from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
-from .preflight import check_eval, unsafe_tasks
+from ..engine.offload import PREDICTING
+from .preflight import check_eval, predictor_for, unsafe_tasks
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
@@ -37,15 +38,30 @@ def is_vision_language(model: str) -> bool:
 
 
 def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
-               link: str | None, extra: str = "") -> str:
+               link: str | None, extra: str = "", **engine_options) -> str:
+    """lm-eval's model_args for one run: the mode's own predictor where none is given, and only the options
+    the mode uses; `engine_options` (cache_policy, cache_pools, store) go to every offloading mode."""
     args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
-    if mode not in ("resident", "on-demand") and predictor:
+    predictor = predictor_for(mode, predictor)
+    if predictor:
         args.append(f"predictor={predictor}")
-    if predictor_path and mode not in ("resident", "on-demand"):
+    if predictor_path and mode in PREDICTING:
         args.append(f"predictor_path={predictor_path}")
     if link and mode != "resident":
         args.append(f"link={link}")
+    if mode != "resident":
+        args += [f"{name}={value}" for name, value in engine_options.items() if value is not None]
     return ",".join(args + ([extra] if extra else []))
+
+
+def engine_config(engine) -> dict:
+    """The cache and store an engine actually runs with, read from the engine (none for resident)."""
+    cache = engine.cache
+    if cache is None:
+        return {"cache_policy": None, "cache_pools": None, "store": None}
+    pools = "per-layer" if len({id(pool) for pool in cache.pools.values()}) > 1 else "global"
+    store = "disk" if type(engine.store).__name__ == "SafetensorsStore" else "host"
+    return {"cache_policy": cache.policy, "cache_pools": pools, "store": store}
 
 
 def accuracy(task_results: dict) -> tuple[str, float] | None:
@@ -81,8 +97,8 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
     return out
 
 
-def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None, cache_capacity=0.25, link=None,
-              db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
+def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
+              cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
               extra_config: dict | None = None) -> list[dict]:
     """Evaluate every (model, mode) over `tasks` (a list for all models, or a dict: model -> its tasks);
     each task lands in the database as soon as it is done.
@@ -106,7 +122,7 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
     check_eval(models, modes, tasks_of, limit, predictor=predictor, predictor_path=predictor_path,
-               cache_capacity=cache_capacity, link=link, confirm_run_unsafe_code=confirm_run_unsafe_code,
+               cache_capacity=cache_capacity, link=link, cache_policy=cache_policy, cache_pools=cache_pools, store=store, confirm_run_unsafe_code=confirm_run_unsafe_code,
                manager=manager, open_db=False)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
     rows = []
@@ -119,14 +135,15 @@ def run_suite(models, modes, tasks, limit, predictor="gate", predictor_path=None
         reference: dict[str, dict] = {}
         for mode in modes:
             name = os.path.basename(model.rstrip("/"))
-            args = model_args(model, mode, predictor, predictor_path, cache_capacity, link)
+            args = model_args(model, mode, predictor, predictor_path, cache_capacity, link,
+                              cache_policy=cache_policy, cache_pools=cache_pools, store=store)
             lm = get_model(adapter).create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
             # a local directory is known by its name, so gates and reports work from any checkout
             config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
                       "predictor_artifact": file_hash(predictor_path), "seed": seed,
                       "cache_capacity": str(cache_capacity) if mode != "resident" else None,
-                      "cache_policy": "lru" if mode != "resident" else None, "link": link if mode != "resident" else None, "limit": limit,
+                      **engine_config(lm.engine), "link": link if mode != "resident" else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
                       "sandbox": sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
