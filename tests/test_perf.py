@@ -32,10 +32,10 @@ def test_a_trace_holds_every_decode_step_and_layer():
     assert len(trace.steps) == NEW_TOKENS - 1  # the prefill is not a decode step
     assert all(len(step) == len(trace.layers) == 3 for step in trace.steps)
     for step in trace.steps:
-        assert step[0].predicted is None  # nothing predicts the first sparse layer
         for r in step:
             assert r.executed == r.native and len(r.native) == trace.top_k
-        assert all(len(r.predicted) == trace.top_k for r in step[1:])
+        # every sparse layer is predicted: the first one across the token boundary, from the previous token
+        assert all(len(r.predicted) == trace.top_k for r in step)
     assert trace.meta["mode"] == "router-preserving" and trace.meta["predictor"] == "gate"
     # the prefill's experts are kept, to warm the simulated cache as the real prefill does
     [(start, per_layer)] = trace.prefills
