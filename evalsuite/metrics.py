@@ -6,7 +6,7 @@ hit            an expert use whose expert was already in the device cache, or on
                from a prefetch (no new transfer).
 miss           an expert use that started a transfer; hits + misses = uses.
 prefetch       a transfer started ahead of need; bytes transferred = (misses + prefetches) x
-               expert bytes.
+               expert bytes (what was asked of the link: a cancelled prefetch counts whole).
 prefetch precision  prefetched experts later used while resident / prefetches; a prefetched
                expert evicted before any use is a wasted transfer. Cancelled prefetches stay
                in the denominator (they were issued and took link time), not in wasted.
