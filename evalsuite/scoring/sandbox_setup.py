@@ -142,6 +142,15 @@ def drop_to_own_uid(cfg, applied):
 def main():
     cfg = json.loads(sys.argv[1])
     applied = [cfg["mode"]]
+    # The runner is started from the interpreter itself, not from a virtual environment's link to it: a
+    # venv under /tmp (a checkout there) is hidden once the private /tmp is mounted.
+    interpreter = os.path.realpath(sys.executable)
+    if cfg["mode"] == "namespaces":
+        hidden = [place for place in SHARED_PLACES for path in (interpreter, os.path.realpath(sys.base_prefix))
+                  if path == place or path.startswith(place + os.sep)]
+        if hidden:
+            refuse(f"the Python installation ({interpreter}) lives under {hidden[0]}, which each run gets a private "
+                   "copy of; use a Python installed elsewhere")
     with open(os.path.join(cfg["workdir"], "program.py"), encoding="utf-8") as f:
         source = f.read()
     if cfg["mode"] == "namespaces":
@@ -164,8 +173,8 @@ def main():
     os.write(cfg["result_fd"], json.dumps(applied).encode() + b"\n")
     for fd in (cfg["token_fd"], cfg["result_fd"]):
         os.set_inheritable(fd, True)
-    os.execv(sys.executable, [sys.executable, "-I", "-S", "-B", "-c", cfg["runner"], cfg["mode"],
-                              str(cfg["token_fd"]), str(cfg["result_fd"])])
+    os.execv(interpreter, [interpreter, "-I", "-S", "-B", "-c", cfg["runner"], cfg["mode"],
+                           str(cfg["token_fd"]), str(cfg["result_fd"])])
 
 
 if __name__ == "__main__":
