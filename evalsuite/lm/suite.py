@@ -98,7 +98,8 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
 
 
 def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
-              cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results", confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
+              cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results",
+              confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
               extra_config: dict | None = None) -> list[dict]:
     """Evaluate every (model, mode) over `tasks` (a list for all models, or a dict: model -> its tasks);
     each task lands in the database as soon as it is done.
@@ -122,8 +123,8 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
     check_eval(models, modes, tasks_of, limit, predictor=predictor, predictor_path=predictor_path,
-               cache_capacity=cache_capacity, link=link, cache_policy=cache_policy, cache_pools=cache_pools, store=store, confirm_run_unsafe_code=confirm_run_unsafe_code,
-               manager=manager, open_db=False)
+               cache_capacity=cache_capacity, link=link, cache_policy=cache_policy, cache_pools=cache_pools,
+               store=store, confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
     rows = []
     for model in models:
