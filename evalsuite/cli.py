@@ -138,8 +138,8 @@ def _eval(args) -> int:
                   link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store)
     check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
-    rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
-                     fresh=args.fresh)
+    rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out,
+                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh)
     print(format_rows(rows))
     return 0
 

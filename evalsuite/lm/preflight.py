@@ -60,7 +60,8 @@ def task_manager():
 
 
 def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
-               cache_policy=None, cache_pools=None, store=None, db_url=None, confirm_run_unsafe_code=False, manager=None, open_db=True, model_files=True) -> None:
+               cache_policy=None, cache_pools=None, store=None, db_url=None, confirm_run_unsafe_code=False,
+               manager=None, open_db=True, model_files=True) -> None:
     """Refuse a bad eval request (the arguments of `run_suite`) with a one-line ValueError or
     FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep opens it once);
     `model_files=False` skips what only the machine running the model can check (a Ray cluster's)."""

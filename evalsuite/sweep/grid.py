@@ -85,7 +85,8 @@ class Sweep:
                 self.models, self.modes, self.predictors, self.cache_capacities, self.links, self.seeds):
             predicting, offloaded = mode in PREDICTING_MODES, mode != "resident"
             path = predictor["path"] if predicting else None
-            cell = Cell(model=os.path.abspath(model) if os.path.isdir(model) else model, mode=mode, predictor=predictor["name"] if predicting else None,
+            cell = Cell(model=os.path.abspath(model) if os.path.isdir(model) else model, mode=mode,
+                        predictor=predictor["name"] if predicting else None,
                         predictor_path=path.format(model=os.path.basename(model.rstrip("/"))) if path else None,
                         cache_capacity=capacity if offloaded else None, link=link if offloaded else None,
                         seed=seed, tasks=tuple(self.tasks), limit=self.limit)
