@@ -119,30 +119,30 @@ def _known_tasks(tasks_of: dict, manager) -> list[str]:
 
 def unsafe_tasks(names, manager) -> list[str]:
     """The names (tasks, groups, tags) among `names` that are, or contain, a task with `unsafe_code: true`."""
-    return [name for name in names if _runs_code(name, manager.task_index, set())]
+    return [name for name in names if any(cfg.get("unsafe_code") for _, cfg in task_configs(name, manager))]
 
 
-def _runs_code(name: str, index: dict, seen: set) -> bool:
-    entry = index.get(name)
+def task_configs(name, manager, seen=None):
+    """(name, config) of every task `name` stands for, from lm-eval's task index: the task itself, or the
+    members of a tag or a group, groups of groups and a group's inline configs included (includes are
+    already resolved in the index's configs)."""
+    seen = set() if seen is None else seen
+    entry = manager.task_index.get(name) if isinstance(name, str) else None
     if entry is None or name in seen:
-        return False
+        return
     seen.add(name)
     if entry.cfg is None:  # a tag: its member tasks
-        return any(_runs_code(member, index, seen) for member in entry.tags)
-    if "group" in entry.cfg:
+        for member in entry.tags:
+            yield from task_configs(member, manager, seen)
+    elif "group" in entry.cfg:
         children = entry.cfg.get("task") or []
-        return any(_child_runs_code(child, index, seen) for child in (children if isinstance(children, list)
-                                                                       else [children]))
-    return bool(entry.cfg.get("unsafe_code"))  # includes are resolved in the index's configs
-
-
-def _child_runs_code(child, index: dict, seen: set) -> bool:
-    if isinstance(child, str):
-        return _runs_code(child, index, seen)
-    if isinstance(child, dict):  # an inline config: its own flag, or the task or group it names
-        named = child.get("task", child.get("group"))
-        return bool(child.get("unsafe_code")) or (isinstance(named, str) and _runs_code(named, index, seen))
-    return False
+        for child in children if isinstance(children, list) else [children]:
+            if isinstance(child, dict):  # an inline config: itself, and the task or group it names
+                yield child.get("task"), child
+                child = child.get("task", child.get("group"))
+            yield from task_configs(child, manager, seen)
+    else:
+        yield name, entry.cfg
 
 
 def check_model_directory(model: str) -> None:

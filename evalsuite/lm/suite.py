@@ -21,7 +21,7 @@ from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..engine.offload import PREDICTING
-from .preflight import check_eval, predictor_for, unsafe_tasks
+from .preflight import check_eval, predictor_for, task_configs, unsafe_tasks
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
@@ -216,17 +216,10 @@ def check_generation_lengths(manager, tasks, lm, model_name: str) -> None:
 
 
 def generation_lengths(manager, tasks, default: int) -> dict[str, int]:
-    """max_gen_toks of every generate_until task among `tasks`, groups expanded, from lm-eval's task index."""
-    lengths = {}
-    for task in tasks:
-        entry = manager.task_index.get(task) if isinstance(task, str) else None
-        cfg = (entry.cfg if entry is not None else None) or {}
-        if "group" in cfg:
-            members = cfg.get("task") or []
-            lengths.update(generation_lengths(manager, members if isinstance(members, list) else [members], default))
-        elif cfg.get("output_type") == "generate_until":
-            lengths[task] = int((cfg.get("generation_kwargs") or {}).get("max_gen_toks", default))
-    return lengths
+    """max_gen_toks of every generate_until task among `tasks`, groups and tags expanded, from lm-eval's task index."""
+    return {name: int((cfg.get("generation_kwargs") or {}).get("max_gen_toks", default))
+            for task in tasks for name, cfg in task_configs(task, manager)
+            if cfg.get("output_type") == "generate_until"}
 
 
 def file_hash(path: str | None) -> str | None:
