@@ -132,6 +132,14 @@ class PredictionDriver:
         total, count = self.current.get((k, layer), (0.0, 0))
         self.current[(k, layer)] = (per_token.cpu() + total, count + 1)
 
+    def forget(self) -> None:
+        """Drop what prediction carried over (pending predictions, a deferred prefetch, the scheduler's
+        layer timing), as a fresh engine would start; the scheduler's per-rank precision is kept."""
+        self.pending.clear()
+        self.deferred = None
+        if self.scheduler is not None:
+            self.scheduler.new_request()
+
     def end_request(self) -> None:
         """Close the running request: each of its rows becomes one sample in the engine's record."""
         recall = self.engine.record.recall

@@ -429,10 +429,7 @@ class Engine:
         """Start cold, as a new engine would: let copies in flight land, empty the expert cache, and drop
         what prediction carried over (pending predictions and prefetches, the scheduler's layer timing)."""
         if self.driver is not None:
-            self.driver.pending.clear()
-            self.driver.deferred = None
-            if self.driver.scheduler is not None:
-                self.driver.scheduler.layer_s = self.driver.scheduler._last = None
+            self.driver.forget()
         if self.cache is None:
             return
         for transfer in list(self.cache.transfers.values()):
