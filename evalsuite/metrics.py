@@ -13,6 +13,8 @@ prefetch precision  prefetched experts later used while resident / prefetches; a
 prefetch cancelled  a prefetch whose copy was still queued or moving when its layer's router
                chose experts without it: the copy was dropped or stopped at a chunk boundary
                and its slot given back (prefetched-but-landed experts are never cancelled).
+victims restored  cancelled prefetches whose copy had not started: the used expert they had
+               evicted got its slot (and its place in the eviction order) back.
 recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
                averaged within a sample, then across samples (SpecPrefetch); see modes.py.
 divergence     per sample, against the resident run's greedy generation: the first generated
@@ -48,6 +50,7 @@ class Counters:
     prefetch_used: int = 0
     prefetch_wasted: int = 0
     prefetch_cancelled: int = 0
+    victims_restored: int = 0
     bytes_transferred: int = 0
     stall_s: float = 0.0
 

@@ -1,6 +1,7 @@
 """The engine's prefetch policy: once a layer's router has decided, its wrong prefetches leave
 the link and give their slots back, and the right ones still moving go first; outputs unchanged."""
 import copy
+import time
 
 import pytest
 import torch
@@ -126,3 +127,28 @@ def test_trace_oracle_without_a_trace_is_refused_in_one_line():
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with pytest.raises(ValueError, match="record one with"):
         evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle")
+
+
+def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back():
+    model = copy.deepcopy(reference_model("olmoe", "float32"))
+    layer = arch.sparse_layers(model)[0].index
+    with evalsuite.offload(model, mode="on-demand", cache_capacity=4, link="1GB/s+50000us") as engine:
+        cache = engine.cache
+        assert engine.prefetch(layer, [0, 1, 2, 3]) == 4
+        for e in range(4):  # land, then a use confirms each: four used experts fill the cache
+            cache.transfers[(layer, e)].wait_landed(5)
+            cache.pin((layer, e))
+            cache.unpin((layer, e))
+        assert engine.prefetch(layer, [4, 5]) == 2  # 4 moves first and evicts 0; 5 waits and evicts 1
+        moving, queued = cache.transfers[(layer, 4)], cache.transfers[(layer, 5)]
+        deadline = time.monotonic() + 5
+        while moving.untouched and time.monotonic() < deadline:  # the worker picks it up
+            time.sleep(1e-3)
+        assert not moving.untouched and queued.untouched
+        assert engine.settle_prefetches(layer, set()) == 2
+        assert [cache.resident((layer, e)) for e in range(6)] == [False, True, True, True, False, False]
+        # expert 1's weights are still in the slot it got back, and it is the next to be evicted again
+        assert torch.equal(cache.slots[cache.slot_of[(layer, 1)]], engine.store.read((layer, 1)))
+        assert cache.pools[layer].victim(lambda k: True) == (layer, 1)
+        s = engine.stats()
+    assert s["prefetch_cancelled"] == 2 and s["victims_restored"] == 1

@@ -98,6 +98,16 @@ class Pool:
             self.order.remove(key)
         self.resident -= 1
 
+    def evict(self, key):
+        """Take `key` out of the eviction order; returns what `restore` needs to put it back."""
+        memento = None if key in self.unconfirmed else self.order.memento(key)
+        self.discard(key)
+        return memento
+
+    def restore(self, key, memento) -> None:
+        self.order.restore(key, memento)
+        self.resident += 1
+
     def use(self, key) -> None:
         if key in self.unconfirmed:  # a use confirms a prefetch: from now on it ages like any expert
             del self.unconfirmed[key]
@@ -141,6 +151,7 @@ class ExpertCache:
         self.slot_of: dict = {}  # key -> slot index
         self.pins: dict = {}  # key -> pin count
         self.transfers: dict = {}  # key -> Transfer not yet known to have landed, in submission order
+        self.victims: dict = {}  # prefetched key -> (the used expert it evicted, its memento), until settled
         self._version = 0  # changes whenever a victim choice could change
         self._plan: tuple | None = None  # the victim `can_place` found, for the `place` that follows
 
@@ -179,7 +190,25 @@ class ExpertCache:
         pool.free.append(self.slot_of.pop(key))
         pool.discard(key)
         self.transfers.pop(key, None)
+        self.victims.pop(key, None)
         self._version += 1
+
+    def withdraw(self, key, untouched: bool):
+        """A prefetch of `key` was cancelled: its slot goes back. If no chunk of it reached the slot
+        (`untouched`) and the used expert it evicted is still not resident elsewhere, that expert
+        gets its slot back, at the eviction end it was taken from. Returns the expert given back."""
+        victim, memento = self.victims.pop(key, (None, None))
+        if not untouched or victim is None or victim in self.slot_of:
+            self.forget(key)
+            return None
+        pool = self.pools[key[0]]
+        slot = self.slot_of.pop(key)
+        pool.discard(key)
+        self.transfers.pop(key, None)
+        self.slot_of[victim] = slot
+        pool.restore(victim, memento)
+        self._version += 1
+        return victim
 
     def predict(self, predictions: dict) -> None:
         """The predictor's scores for the coming layers, {layer: {expert: score}} (higher: more
@@ -219,8 +248,12 @@ class ExpertCache:
             evicted = self._victim(pool, key[0], protect, exclude, prefetch)
             if evicted is None:
                 raise RuntimeError(f"no evictable slot for expert {key}: every slot is pinned or in flight")
-            pool.discard(evicted)
+            was_guess = evicted in pool.unconfirmed
+            memento = pool.evict(evicted)
+            self.victims.pop(evicted, None)
             pool.free.append(self.slot_of.pop(evicted))
+            if prefetch and not was_guess:  # a used expert: given back if this prefetch never writes its slot
+                self.victims[key] = (evicted, memento)
         elif not prefetch:
             pool.order.serving(key[0])
         slot = pool.free.pop()
@@ -230,6 +263,7 @@ class ExpertCache:
         return slot, evicted
 
     def pin(self, key) -> None:
+        self.victims.pop(key, None)  # a prefetch confirmed by its use: what it evicted stays evicted
         self.pins[key] = self.pins.get(key, 0) + 1
         self.pools[key[0]].use(key)
         self._version += 1

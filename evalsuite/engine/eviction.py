@@ -2,7 +2,9 @@
 
 Each keeps the used (confirmed) experts of one pool and yields them in eviction order, lazily,
 from the cheap end: `add` (placed by a demand load), `remove`, `touch` (used), `serving` (a
-demand load of that layer is being served), `candidates()` (eviction order), iteration (all).
+demand load of that layer is being served), `candidates()` (eviction order), iteration (all),
+and `memento(key)` / `restore(key, memento)`: put an evicted expert back at the eviction end
+it was taken from (a cancelled prefetch gives back the victim whose slot it never wrote).
 """
 from __future__ import annotations
 
@@ -28,6 +30,13 @@ class Recency:
 
     def serving(self, layer) -> None:
         pass
+
+    def memento(self, key):
+        return None
+
+    def restore(self, key, memento) -> None:
+        self.keys[key] = None
+        self.keys.move_to_end(key, last=False)
 
     def candidates(self):
         return iter(self.keys)
@@ -70,6 +79,13 @@ class Frequency:
     def serving(self, layer) -> None:
         pass
 
+    def memento(self, key):
+        return None  # its use count is kept across evictions
+
+    def restore(self, key, memento) -> None:
+        self.add(key)
+        self.buckets[self.uses.get(key, 0)].move_to_end(key, last=False)
+
     def candidates(self):
         for count in self.counts:
             yield from self.buckets[count]
@@ -109,6 +125,14 @@ class LayerDistance:
         if layer != self.current:  # a new visit of `layer`
             self.current = layer
             self.visits[layer] += 1
+
+    def memento(self, key):
+        return self.by_layer[key[0]][key]  # the visit of its last use
+
+    def restore(self, key, memento) -> None:
+        keys = self.by_layer[key[0]]
+        keys[key] = memento
+        keys.move_to_end(key, last=False)
 
     def stream(self, layer, ahead: int):
         """(-staleness, layers until needed, order, key) of `layer`'s experts, eviction order first."""

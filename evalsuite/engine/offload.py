@@ -291,7 +291,7 @@ class Engine:
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
         are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot
-        goes back to the pool, and the expert it evicted stays evicted), and the picked ones
+        goes back to the pool, or, if no chunk of it was written, to the expert it evicted), and the picked ones
         still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
         how many were cancelled."""
         if self.cache is None:
@@ -304,7 +304,8 @@ class Engine:
             if key[1] in confirmed:
                 self.transfers.promote(transfer)
             elif not self.cache.pins.get(key) and self.transfers.cancel(transfer):
-                self.cache.forget(key)
+                if self.cache.withdraw(key, transfer.untouched) is not None:
+                    counters.victims_restored += 1
                 self._prefetched.discard(key)
                 counters.prefetch_cancelled += 1
                 cancelled += 1
@@ -357,10 +358,10 @@ class Engine:
         """cache_policy 'predicted': give the cache the candidates of the predictor's latest
         predictions for the layers still to come (the driver's pending ones): the `budget` experts
         it is most confident in, as the prefetch scheduler ranks them, with their confidence."""
-        pending = self.driver.pending  # target position -> router scores, until that layer runs
+        pending = self.driver.pending  # target position -> (router scores, ranked candidates), until that layer runs
         if pending.keys() == self._shared.keys() and all(pending[p] is s for p, (s, _) in self._shared.items()):
             return
-        self._shared = {pos: (scores, _candidates(scores, self.budget)) for pos, scores in pending.items()}
+        self._shared = {pos: (made, _candidates(made[0], self.budget)) for pos, made in pending.items()}
         self.cache.predict({self.layers[pos].index: named for pos, (_, named) in self._shared.items()})
 
     def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:

@@ -95,6 +95,7 @@ class Transfer:
         self.source: torch.Tensor | None = None  # the store's row, when the copy moves in chunks
         self.last = None  # the copy backend's handle of the last chunk issued
         self.moved = 0  # elements issued so far
+        self.untouched = True  # the worker never started on it: the slot still holds what it held before
         self.out = 0  # chunks issued and not yet known to have landed
         self.seconds = 0.0  # link time of its chunks
         self.submitted_at = time.perf_counter()
@@ -148,8 +149,9 @@ class TransferEngine:
 
     submit(key, dst, prefetch)  queue a copy; returns its Transfer
     cancel(transfer)            drop it if queued, stop it at the next chunk boundary if moving;
-                                True if it will never land (its slot holds nothing usable: the
-                                caller gives the slot back), False if every chunk was already issued
+                                True if it will never land (the caller gives the slot back; if
+                                `transfer.untouched`, no chunk reached the slot and what it held
+                                before is intact), False if every chunk was already issued
     promote(transfer)           give a queued or moving prefetch demand priority; True if it did
     """
 
@@ -209,6 +211,11 @@ class TransferEngine:
         """Transfers submitted and not yet finished."""
         return self._submitted - self._finished
 
+    def prefetches_queued(self) -> int:
+        """Prefetches not yet fully issued (queued or moving): the link's work a new prefetch waits behind
+        that the compute does not wait for (demand loads hold up the compute as long as the prefetch)."""
+        return len(self._prefetch)
+
     def seconds_per_transfer(self) -> float | None:
         """Measured link time per landed transfer (None before the first): the sum of its chunks'
         times. On CUDA without emulation a chunk's time is measured by events around its copy;
@@ -232,6 +239,8 @@ class TransferEngine:
                 if len(self._in_flight) >= self.copies.depth:
                     transfer = None  # the backend holds enough: let the oldest chunk land first
                 self._moving = transfer
+                if transfer is not None:
+                    transfer.untouched = False
             if transfer is None:
                 self._land_oldest()
             else:
