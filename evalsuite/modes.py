@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .engine.scheduler import ranked
 from .predict.predictors import LayerState
 
 SPECULATIVE = ("speculative", "hybrid")
@@ -42,7 +43,7 @@ class PredictionDriver:
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
         self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
-        self.current: dict = {}  # (k, layer) -> (sum per row, tokens per row) for the running request
+        self.current: dict = {}  # layer -> [(predicted scores, native ids)] per decode step of the running request
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
             self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
@@ -73,29 +74,30 @@ class PredictionDriver:
             first = self.pending.get(0) if engine.decoding else None
             self.pending = {} if first is None else {0: first}
             self.deferred = None
-        predicted = self.pending.pop(pos, None)
+        predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) made one layer earlier
+        layer = engine.layers[pos].index
+        chosen = None
         if self.scheduler is not None:
             if pos == 0 and not engine.decoding:
                 self.scheduler.new_request()
             self.scheduler.layer_started(pos)
+            chosen = set(ids.reshape(-1).tolist())
             if predicted is not None and engine.decoding:
-                self.scheduler.observe(engine.layers[pos].index, predicted, set(ids.reshape(-1).tolist()))
+                self.scheduler.observe(layer, predicted[1], chosen)
         replaced = None
-        # recall@k over decode tokens; by token kind over prefill too (image tokens live there)
-        if predicted is not None and (engine.decoding or engine.kinds is not None):
-            layer = engine.layers[pos].index
+        # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
+        if predicted is not None and engine.decoding:
+            self.current.setdefault(layer, []).append((predicted[0], ids))
+        if predicted is not None and engine.kinds is not None:
             for k in self.recall_ks:
-                per_token = token_recall(predicted, ids, k)
-                if engine.decoding:
-                    self._add_recall(k, layer, per_token)
-                if engine.kinds is not None:
-                    engine.kinds.count_recall(engine.record.kinds, k, layer, per_token)
+                engine.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
         if predicted is not None and self.speculates(pos):
-            ids = predicted.topk(ids.shape[1], dim=-1).indices.to(ids.device)
+            ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)
             replaced = (logits, weights, ids)
+            chosen = set(ids.reshape(-1).tolist())
         if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
-            engine.settle_prefetches(engine.layers[pos].index, set(ids.reshape(-1).tolist()))
+            engine.settle_prefetches(layer, chosen)
         target, scores = pos + self.horizon, None
         with torch.no_grad():
             if target < len(engine.layers):
@@ -103,14 +105,14 @@ class PredictionDriver:
             elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer
                 target, scores = 0, self.predictor.next_token_scores(x)
         if scores is not None:
-            self.pending[target] = scores
+            prediction = (scores, ranked(scores, engine.budget))
+            self.pending[target] = prediction
             if engine.tracer is not None:
-                ranked = torch.softmax(scores.float(), dim=-1).sum(dim=0).argsort(descending=True)
-                engine.tracer.predicted(engine.layers[target].index, ranked[: engine.budget].tolist())
+                engine.tracer.predicted(engine.layers[target].index, prediction[1])
             if self.scheduler is not None and engine.cache is not None:
                 # submitted once this layer's own demand loads are queued (release_prefetch):
                 # a prefetch already on the link would delay them
-                self.deferred = (target, scores)
+                self.deferred = (target, prediction)
         return replaced
 
     def release_prefetch(self) -> None:
@@ -119,18 +121,14 @@ class PredictionDriver:
         set (the union over rows, whatever the budget) goes at once at demand priority, behind
         this layer's own loads, with no window test; other layers go through the scheduler."""
         if self.deferred is not None:
-            target, scores = self.deferred
+            target, (scores, candidates) = self.deferred
             self.deferred = None
             if self.speculates(target):
                 top_k = self.engine.layers[target].top_k
                 chosen = scores.topk(min(top_k, scores.shape[1]), dim=-1).indices.unique().tolist()
                 self.engine.prefetch(self.engine.layers[target].index, chosen, demand=True)
             else:
-                self.scheduler.schedule(target, scores, self.horizon if target > 0 else 1)
-
-    def _add_recall(self, k: int, layer: int, per_token: torch.Tensor) -> None:
-        total, count = self.current.get((k, layer), (0.0, 0))
-        self.current[(k, layer)] = (per_token.cpu() + total, count + 1)
+                self.scheduler.schedule(target, candidates, self.horizon if target > 0 else 1)
 
     def forget(self) -> None:
         """Drop what prediction carried over (pending predictions, a deferred prefetch, the scheduler's
@@ -141,12 +139,18 @@ class PredictionDriver:
             self.scheduler.new_request()
 
     def end_request(self) -> None:
-        """Close the running request: each of its rows becomes one sample in the engine's record."""
+        """Close the running request: each of its rows becomes one sample in the engine's record, with
+        its recall@k per layer averaged over its decode steps (scored here, once, not per step)."""
         recall = self.engine.record.recall
         for k in self.recall_ks:
             recall.setdefault(k, {})
-        for (k, layer), (total, count) in self.current.items():
-            recall[k].setdefault(layer, []).extend((total / count).tolist())
+        for layer, steps in self.current.items():
+            predicted = torch.stack([p for p, _ in steps])  # [steps, rows, experts]
+            native = torch.stack([n.to(p.device) for p, n in steps])  # [steps, rows, top-k]
+            flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
+            for k in self.recall_ks:
+                per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
+                recall[k].setdefault(layer, []).extend(per_row.tolist())
         self.current = {}
 
     def close(self) -> None:

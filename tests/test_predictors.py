@@ -6,7 +6,7 @@ import torch
 
 import evalsuite
 from evalsuite import arch
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
 from evalsuite.predict.calibrate import calibrate
 from evalsuite.predict.predictors import LayerState
@@ -100,7 +100,7 @@ class StubEngine:
         self.layers = [type("L", (), {"index": i})() for i in range(3)]
         self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
-                                        "pending": staticmethod(lambda: queued), "chunk_bytes": 64})()
+                                        "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("X", (), {"nbytes": 4096})()  # a chunk is 1/64 of a copy
         self.started = []
 
@@ -110,14 +110,14 @@ class StubEngine:
 
 
 def test_scheduler_ranks_skips_resident_and_respects_the_window():
-    scores = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    scores = ranked(torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0]]), 4)
     engine = StubEngine(per_transfer=0.45e-3, resident={(1, 0)})
     scheduler = PrefetchScheduler(engine, budget=4, window=True)
     # a layer takes 1 ms: two 0.45 ms transfers land in time, a third hides 0.1 ms of its copy: it goes too
     scheduler.layer_s = 1e-3
     assert scheduler.schedule(1, scores, h=1) == 3
     assert engine.started == [(1, 1), (1, 2), (1, 3)]
-    engine = StubEngine(per_transfer=0.45e-3, queued=3)  # three already queued: none starts before the layer
+    engine = StubEngine(per_transfer=0.45e-3, queued=3)  # three prefetches already queued: none starts in time
     scheduler = PrefetchScheduler(engine, budget=4, window=True)
     scheduler.layer_s = 1e-3
     assert scheduler.schedule(1, scores, h=1) == 0

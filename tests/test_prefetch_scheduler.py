@@ -5,19 +5,20 @@ from types import SimpleNamespace
 import torch
 
 from evalsuite.engine import scheduler as scheduler_module
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 from evalsuite.metrics import Counters
 
 
 class FakeEngine:
     """What the scheduler reads: one sparse layer (index 7) of 8 experts, a 1 s-per-copy link."""
 
-    def __init__(self, pending=0):
+    def __init__(self, prefetches_queued=0):
         self.decoding = False
         self.record = SimpleNamespace(counters={7: Counters()})
         self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
         self.cache = SimpleNamespace(resident=lambda key: False)
-        self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, pending=lambda: pending, chunk_bytes=10)
+        self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
+                                         chunk_bytes=10)
         self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
         self.sent = []
 
@@ -26,12 +27,23 @@ class FakeEngine:
         return len(experts)
 
 
-def scores_ranking(order):
-    """Router scores (one token) whose confidence ranks the experts in `order`."""
-    s = torch.zeros(1, 8)
+def scores_ranking(order, rows=1):
+    """Router scores (`rows` tokens) whose confidence ranks the experts in `order`."""
+    s = torch.zeros(rows, 8)
     for rank, e in enumerate(order):
-        s[0, e] = 10.0 - rank
+        s[:, e] = 10.0 - rank
     return s
+
+
+def candidates(order):
+    return ranked(scores_ranking(order), 2)
+
+
+def test_candidates_are_ranked_by_confidence_summed_over_rows():
+    assert ranked(scores_ranking([3, 5, 1]), 2) == [3, 5]
+    two = torch.cat([scores_ranking([6, 2]), scores_ranking([2, 6])])  # each row is sure of another expert
+    two[1, 2] = 20.0  # the second row is far surer of expert 2 than the first is of expert 6
+    assert ranked(two, 2) == [2, 6]
 
 
 def at(monkeypatch, seconds):
@@ -60,7 +72,7 @@ def test_a_copy_that_lands_after_the_layer_starts_still_goes():
     engine = FakeEngine()
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s = 0.5  # half a copy's time before the layer starts: it hides half of it
-    assert s.schedule(1, scores_ranking([3, 5]), h=1) >= 1
+    assert s.schedule(1, candidates([3, 5]), h=1) >= 1
     assert engine.sent[0][0] == 3
 
 
@@ -68,16 +80,27 @@ def test_a_rank_the_router_never_confirms_is_not_sent():
     engine = FakeEngine()
     s = PrefetchScheduler(engine, budget=2)
     for _ in range(200):  # rank 0 always picked, rank 1 never
-        s.observe(7, scores_ranking([3, 5]), {3})
+        s.observe(7, candidates([3, 5]), {3})
     s.layer_s = 10.0
-    s.schedule(1, scores_ranking([2, 4]), h=1)
+    s.schedule(1, candidates([2, 4]), h=1)
     assert engine.sent == [[2]]
     assert s.precision(7)[0] > 0.99 and s.precision(7)[1] < 0.01
 
 
-def test_nothing_is_sent_once_the_queue_ahead_outlasts_the_layer():
-    engine = FakeEngine(pending=5)
+def test_nothing_is_sent_once_the_prefetches_queued_ahead_outlast_the_layer():
+    engine = FakeEngine(prefetches_queued=5)
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s = 0.5
-    s.schedule(1, scores_ranking([3, 5]), h=1)
+    s.schedule(1, candidates([3, 5]), h=1)
     assert engine.sent == [[]]
+
+
+def test_demand_loads_ahead_do_not_close_the_window():
+    """The layer's own demand loads delay the compute as much as the prefetch: the prefetch still
+    has the layer's compute time to move in after them, so it is sent."""
+    engine = FakeEngine(prefetches_queued=0)
+    engine.transfers.pending = lambda: 5  # five demand loads the compute waits for
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 0.5
+    s.schedule(1, candidates([3, 5]), h=1)
+    assert engine.sent and engine.sent[0][:1] == [3]

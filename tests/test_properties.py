@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import evalsuite
 from evalsuite import arch
 from evalsuite.engine.cache import POLICIES, ExpertCache, capacity_in_experts
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 
 from .helpers import reference_model
 
@@ -226,7 +226,7 @@ class SchedulerStub:
         self.layers = [type("Layer", (), {"index": i})() for i in range(3)]
         self.cache = type("Cache", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("Link", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
-                                           "pending": staticmethod(lambda: queued), "chunk_bytes": 64})()
+                                           "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("Layout", (), {"nbytes": 4096})()
         self.requested: list = []
 
@@ -246,7 +246,7 @@ def test_scheduler_respects_budget_and_residency(budget, target, horizon, tokens
     scheduler = PrefetchScheduler(engine, budget, window)
     scheduler.layer_s = layer_s
     scores = torch.randn(tokens, 8, generator=torch.Generator().manual_seed(seed))
-    started = scheduler.schedule(target, scores, horizon)
+    started = scheduler.schedule(target, ranked(scores, budget), horizon)
     assert started == len(engine.requested) <= budget
     assert len(set(engine.requested)) == len(engine.requested)
     assert not set(engine.requested) & resident

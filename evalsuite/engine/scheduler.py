@@ -1,14 +1,16 @@
 """Prefetch scheduling: send a candidate when what it is expected to save exceeds what it costs.
 
 Candidates are ranked by the predictor's confidence (its probability mass summed over the tokens
-in flight); resident and in-flight experts are skipped; at most `budget` are considered.
+in flight, `ranked`, computed once per prediction); resident and in-flight experts are skipped;
+at most `budget` are considered.
 
-saved(r)   the part of candidate r's copy done before its layer starts: the link first finishes
-           what it already has queued, then the candidates before r, so r's copy starts at
-           q·t (q transfers ahead, t seconds per transfer) and by the layer's start
-           (layer_s·h away) it has moved min(t, max(0, layer_s·h − q·t)) of its t seconds. A
-           copy that lands late still saves that part: when the router picks it, it is
-           promoted and finishes as a demand load.
+saved(r)   the part of candidate r's copy done before its layer starts. The current layer's demand
+           loads delay the copy and the compute alike (the compute waits for them), so what r
+           waits behind is the prefetches already queued or moving, then the candidates before it:
+           its copy starts q·t after the demand loads (q copies ahead, t seconds per transfer) and
+           by the layer's start (layer_s·h of compute later) it has moved
+           min(t, max(0, layer_s·h − q·t)) of its t seconds. A copy that lands late still saves
+           that part: when the router picks it, it is promoted and finishes as a demand load.
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
 cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand load preempts a
@@ -28,12 +30,21 @@ import time
 import torch
 
 
+def ranked(scores: torch.Tensor, budget: int) -> list[int]:
+    """The `budget` experts the prediction is most confident in, most confident first (confidence: the
+    router probability summed over the rows; with one row, the order of its scores)."""
+    if scores.shape[0] == 1:
+        return scores[0].topk(min(budget, scores.shape[1])).indices.tolist()
+    confidence = torch.softmax(scores.float(), dim=-1).sum(dim=0)
+    return confidence.topk(min(budget, confidence.numel())).indices.tolist()
+
+
 class PrefetchScheduler:
     def __init__(self, engine, budget: int, window: bool = True, smoothing: float = 0.2):
         self.engine, self.budget, self.window, self.smoothing = engine, budget, window, smoothing
         self.layer_s: float | None = None  # decode time from one sparse layer's router to the next, stalls out
         self._last: tuple[int, float, float] | None = None  # (position, time, stall total) at the last router
-        self.picked: dict[int, torch.Tensor] = {}  # sparse layer -> per rank, predictions the router confirmed
+        self.picked: dict[int, list[int]] = {}  # sparse layer -> per rank, predictions the router confirmed
         self.seen: dict[int, int] = {}  # sparse layer -> predictions scored
 
     def new_request(self) -> None:
@@ -43,49 +54,41 @@ class PrefetchScheduler:
         if not self.engine.decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
-        now, stalled = time.perf_counter(), self._stall_total()
+        now, stalled = time.perf_counter(), sum(c.stall_s for c in self.engine.record.counters.values())
         if self._last is not None and self._last[0] == pos - 1:
             self.layer_s = self._ema(self.layer_s, max(0.0, now - self._last[1] - max(0.0, stalled - self._last[2])))
         self._last = (pos, now, stalled)
 
-    def _stall_total(self) -> float:
-        return sum(c.stall_s for c in self.engine.record.counters.values())
-
     def _ema(self, old, new):
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
-    def observe(self, layer: int, scores: torch.Tensor, chosen: set) -> None:
+    def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
-        ranked = _ranked(scores)[: self.budget].tolist()
-        hits = torch.tensor([float(e in chosen) for e in ranked] + [0.0] * (self.budget - len(ranked)))
-        self.picked[layer] = self.picked.get(layer, torch.zeros(self.budget)) + hits
+        picked = self.picked.setdefault(layer, [0] * self.budget)
+        for rank, e in enumerate(candidates[: self.budget]):
+            picked[rank] += e in chosen
         self.seen[layer] = self.seen.get(layer, 0) + 1
 
-    def precision(self, layer: int) -> torch.Tensor:
+    def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""
-        return (self.picked.get(layer, torch.zeros(self.budget)) + 1) / (self.seen.get(layer, 0) + 2)
+        seen, picked = self.seen.get(layer, 0), self.picked.get(layer, [0] * self.budget)
+        return [(hits + 1) / (seen + 2) for hits in picked]
 
-    def schedule(self, target_pos: int, scores: torch.Tensor, h: int) -> int:
-        """Prefetch the experts of sparse layer `target_pos` worth sending; returns transfers started."""
+    def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
+        """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
+        `ranked`); returns transfers started."""
         engine = self.engine
         layer = engine.layers[target_pos].index
-        ranked = _ranked(scores)[: self.budget].tolist()
+        missing = [(rank, e) for rank, e in enumerate(candidates[: self.budget]) if not engine.cache.resident((layer, e))]
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
-            wanted = [e for e in ranked if not engine.cache.resident((layer, e))]
-            return engine.prefetch(layer, wanted)
+            return engine.prefetch(layer, [e for _, e in missing])
         chunk_s = t * min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)
-        precision, ahead = self.precision(layer).tolist(), engine.transfers.pending()
+        precision, ahead = self.precision(layer), engine.transfers.prefetches_queued()
         wanted = []
-        for rank, e in enumerate(ranked):
-            if engine.cache.resident((layer, e)):
-                continue
+        for rank, e in missing:
             p = precision[rank]
             saved = min(t, max(0.0, self.layer_s * h - (ahead + len(wanted)) * t))
             if p * saved > (1 - p) * chunk_s:
                 wanted.append(e)
         return engine.prefetch(layer, wanted)  # in one call, so no candidate evicts another
-
-
-def _ranked(scores: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(scores.float(), dim=-1).sum(dim=0).argsort(descending=True)
