@@ -99,12 +99,20 @@ def test_every_shipped_profile_loads_and_prices_every_model(tmp_path):
 
 
 def test_bench_measures_every_case_and_checks_the_simulator_against_it():
-    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "oracle"], tokens=5, repeats=1, progress=False)
+    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "trace-oracle", "oracle"], tokens=5, repeats=1,
+                         progress=False)
     cfg = result["configs"][0]
     cases = [r["case"] for r in cfg["rows"]]
-    assert cases == ["resident", "on-demand", "router-preserving/gate", "speculative/gate", "oracle prefetch"]
+    assert cases == ["resident", "on-demand", "router-preserving/gate", "speculative/gate",
+                     "speculative/gate free-running", "router-preserving/trace-oracle", "oracle prefetch"]
+    rows = {r["case"]: r for r in cfg["rows"]}
     for row in cfg["rows"]:
         assert row["tpot_ms"] > 0 and row["simulated_tpot_ms"] > 0
+        assert row["vs_on_demand_range"][0] <= row["vs_on_demand"] <= row["vs_on_demand_range"][1]
+    # exact cases predict every resident token; the speculative ones are fed them (teacher-forced) or not
+    assert all(rows[c]["same_tokens"] == 1.0 for c in ("on-demand", "router-preserving/trace-oracle"))
+    assert rows["speculative/gate"]["forced"] and not rows["speculative/gate free-running"]["forced"]
+    assert rows["on-demand"]["vs_on_demand"] == 1.0
     assert cfg["bound_tpot_ms"] > 0 and cfg["transfer_ms"] > 0 and result["engine_overhead"]["ratio"] > 0
     assert len(cfg["traces"]["on-demand"].steps) == 4
 
@@ -142,7 +150,7 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
                  "--predictors", "gate,oracle", "--tokens", "4", "--repeats", "1", "--out", str(out),
                  "--db", str(db)]) == 0
     printed = capsys.readouterr().out
-    assert "5 rows written" in printed and "overlap bound" in printed
+    assert "6 rows written" in printed and "overlap bound" in printed
     result = json.loads((out / "bench.json").read_text())[0]
     rows = {r["case"]: r for r in result["configs"][0]["rows"]}
     trace = out / "traces" / "tiny-qwen3_moe-ufs4-0.5-router-preserving-gate.json"
@@ -164,5 +172,5 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
     with ResultsDB(str(db)) as store:
         runs = store.runs()
         metrics = store.task_metrics(runs["id"].tolist())
-    assert len(runs) == 5 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
+    assert len(runs) == 6 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
     assert {"tpot_ms", "ttft_ms", "simulated_tpot_ms", "sim_error", "bound_tpot_ms"} <= set(metrics["metric"])

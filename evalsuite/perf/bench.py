@@ -1,9 +1,13 @@
 """`evalsuite bench`: decode TPOT and TTFT of every execution mode, against the overlap bound.
 
 For each model, link profile and cache capacity, every case (resident, on-demand,
-router-preserving with each predictor, speculative, hybrid, oracle prefetch) decodes the same
-prompt greedily, batch 1. Cases are interleaved and repeated, and medians reported, because
-these machines are noisy; every ratio compares numbers measured in the same run.
+router-preserving with each predictor, speculative, hybrid, trace-oracle, oracle prefetch)
+decodes the same prompt, batch 1, teacher-forced on the resident run's greedy tokens: each
+step feeds the resident token, so every case does the same work (speculative execution would
+otherwise decode other tokens, with other routing and reuse). Exact cases must predict exactly
+those tokens. Speculative cases also run free-running (feeding their own tokens), labelled so.
+Cases are interleaved and repeated, and medians reported, because these machines are noisy;
+every ratio compares numbers measured in the same run.
 
 Also measured, once per model: this machine's per-token costs (dense part of a sparse layer,
 one routed expert, the rest of a step) from a resident engine run with layer clocks; each
@@ -28,28 +32,40 @@ from .profiles import case_label
 from .simulate import Costs, gap_closed, overlap_bound, simulate
 
 
+FREE = " free-running"  # the label suffix of a case that feeds its own tokens
+
+
 @dataclass(frozen=True)
 class Case:
     label: str
     mode: str
     predictor: str | None = None
+    forced: bool = True  # teacher-forced on the resident tokens (False: free-running)
 
     @property
     def sim_mode(self) -> str:
-        return "oracle" if self.predictor == "oracle" and self.mode == "router-preserving" else self.mode
+        perfect = self.predictor in ("oracle", "trace-oracle") and self.mode == "router-preserving"
+        return "oracle" if perfect else self.mode
 
 
-def _case(mode: str, predictor: str | None = None) -> Case:
-    return Case(case_label(mode, predictor) or mode, mode, predictor)
+def _case(mode: str, predictor: str | None = None, forced: bool = True) -> Case:
+    label = case_label(mode, predictor) or mode
+    return Case(label if forced else label + FREE, mode, predictor, forced)
 
 
 def cases(predictors, hybrid: bool) -> list[Case]:
+    """Every case of one configuration. `trace-oracle` (a free perfect predictor replaying the
+    resident run's routing) and `oracle` (perfect, but paying a look-ahead pass) run
+    router-preserving only; speculative cases run teacher-forced and free-running."""
     out = [_case("resident"), _case("on-demand")]
-    out += [_case("router-preserving", p) for p in predictors if p != "oracle"]
-    out += [_case("speculative", p) for p in predictors if p not in ("oracle", "frequency")]
-    if hybrid:
-        out.append(_case("hybrid", "hybrid"))
-    out.append(_case("router-preserving", "oracle"))
+    out += [_case("router-preserving", p) for p in predictors if p not in ("oracle", "trace-oracle")]
+    speculating = [("speculative", p) for p in predictors if p not in ("oracle", "trace-oracle", "frequency")]
+    speculating += [("hybrid", "hybrid")] if hybrid else []
+    out += [_case(m, p) for m, p in speculating] + [_case(m, p, forced=False) for m, p in speculating]
+    if "trace-oracle" in predictors:
+        out.append(_case("router-preserving", "trace-oracle"))
+    if "oracle" in predictors:
+        out.append(_case("router-preserving", "oracle"))
     return out
 
 
@@ -72,10 +88,21 @@ def load_bench_model(spec: str, layers: int, device: str):
     return model, ids.to(device), tokenizer
 
 
-def _generate(model, ids, tokens):
+def _generate(model, ids, tokens, forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy decoding of `tokens` new tokens, batch 1: the prompt and each step's greedy token.
+    With `forced` (a reference's output, prompt included) each step feeds the reference's token
+    instead of its own: the work is the reference's, the returned tokens are this model's."""
+    from transformers import DynamicCache
+
+    cache, steps = DynamicCache(config=model.config), [ids]
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
-                             do_sample=False, pad_token_id=0)
+        feed = ids
+        for i in range(tokens):
+            logits = model(input_ids=feed, cache=cache, use_cache=True).logits
+            steps.append(logits[:, -1].argmax(dim=-1, keepdim=True))
+            at = ids.shape[1] + i
+            feed = steps[-1] if forced is None else forced[:, at:at + 1]
+    out = torch.cat(steps, dim=1)
     if out.is_cuda:
         torch.cuda.synchronize(out.device)
     return out
@@ -156,7 +183,8 @@ class LayerClock:
             h.remove()
 
 
-def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None) -> tuple[Costs, dict, float]:
+def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None,
+                  trace=None) -> tuple[Costs, dict, float]:
     """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
 
     Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
@@ -164,12 +192,12 @@ def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=
     isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
     and each predicting case's own cost (warm case minus warm on-demand: prediction,
     scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
-    any. A cold engine with the smallest cache and no link emulation, where nearly every use
+    any (`trace`: the resident routing trace-oracle replays, two requests). A cold engine with the smallest cache and no link emulation, where nearly every use
     misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
     and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
     or "per_step": seconds}}, the speed probe's attention seconds: the reference for scaled()).
     """
-    predicting = [c for c in all_cases if c.predictor is not None]
+    predicting = [c for c in all_cases if c.predictor is not None and c.forced]  # free-running costs the same
     dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
     warm = {c.label: [] for c in [_case("on-demand"), *predicting]}
     for _ in range(repeats):
@@ -187,7 +215,8 @@ def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=
         resident.append(tpot)
         warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact))
         for case in predicting:
-            warm[case.label].append(_warm_tpot(model, ids, tokens, case.mode, case.predictor, artifact))
+            warm[case.label].append(_warm_tpot(model, ids, tokens, case.mode, case.predictor,
+                                               _artifact(case, artifact, trace)))
         per_miss.append(_miss_seconds(model, ids, tokens, tpot))
     med = statistics.median
     layers = sparse_layers(model)
@@ -269,22 +298,29 @@ def engine_overhead(model, ids, tokens: int, repeats: int, kernel: str = "groupe
     return {"kernel": kernel, "unmodified_tokens_per_s": p, "engine_tokens_per_s": e, "ratio": e / p}
 
 
-def run_case(model, ids, tokens, case: Case, link, capacity, artifact) -> dict:
+def _artifact(case: Case, artifact, trace):
+    """What the case's predictor is built from: the resident trace for trace-oracle, else the calibration."""
+    return trace if case.predictor == "trace-oracle" else artifact
+
+
+def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None) -> dict:
     options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True)
     if case.predictor is not None:
-        options.update(predictor=case.predictor, artifact=artifact)
+        options.update(predictor=case.predictor, artifact=_artifact(case, artifact, trace))
     if case.mode == "resident":
         options = dict(mode="resident", trace=True)
     with offload(model, **options) as engine:
         probe = SpeedProbe(engine)
-        out = _generate(model, ids, tokens)
+        out = _generate(model, ids, tokens, reference if case.forced else None)
         s = engine.stats()
         attention_s = probe.median()
         transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
         handoff_s = engine.transfers.handoff_seconds() if engine.transfers is not None else None
         trace = engine.routing_trace()
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
-    return {"out": out, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
+    new = slice(ids.shape[1], None)
+    same = (out[:, new] == reference[:, new]).float().mean().item()  # greedy tokens equal to resident's
+    return {"out": out, "same_tokens": same, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
             "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s,
             "trace": trace, "cache_experts": cache_experts,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
@@ -299,6 +335,12 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
     overhead = engine_overhead(model, ids, tokens, repeats)
     handoff = handoff_seconds(device)
     reference = _generate(model, ids, tokens)
+    trace = None
+    if any(c.predictor == "trace-oracle" for c in all_cases):
+        with offload(model, mode="resident", trace=True) as engine:  # two requests: the warm cost runs make two
+            for _ in range(2):
+                _generate(model, ids, tokens)
+            trace = engine.routing_trace()
     result = {"model": spec, "tokens": tokens, "repeats": repeats, "engine_overhead": overhead,
               "handoff_ms": handoff * 1e3, "configs": []}
     total = len(links) * len(capacities) * repeats * (len(all_cases) + 1)
@@ -309,10 +351,10 @@ def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layer
             # so the simulator and the bound see the machine as it was for this configuration.
             runs, measured = {c: [] for c in all_cases}, []
             for _ in range(repeats):
-                measured.append(measure_costs(model, ids, tokens, 1, all_cases, artifact))
+                measured.append(measure_costs(model, ids, tokens, 1, all_cases, artifact, trace))
                 bar.update(1)
                 for case in all_cases:
-                    r = run_case(model, ids, tokens, case, link, capacity, artifact)
+                    r = run_case(model, ids, tokens, case, link, capacity, artifact, reference, trace)
                     exact = case.mode in ("resident", "on-demand", "router-preserving")
                     if exact and not torch.equal(r["out"], reference):
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
@@ -333,7 +375,7 @@ def _medians(measured: list[tuple[Costs, dict, float]]) -> tuple[Costs, dict]:
 
 
 def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float, handoff_s: float) -> Costs:
-    c = pcost.get(case.label, {})
+    c = pcost.get(case.label.removesuffix(FREE), {})  # free-running costs what its teacher-forced twin does
     return replace(costs, transfer_s=transfer_s, handoff_s=handoff_s, predictor_s=c.get("per_prediction", 0.0),
                    predictor_step_s=c.get("per_step", 0.0))
 
@@ -364,18 +406,22 @@ def _summarise(runs, measured, link, capacity) -> dict:
         simulated = [simulate(r["trace"], scaled(case_costs, f), slots, case.sim_mode).tpot_s
                      for r, f in zip(rs, speed)]
         tpot = med(r["tpot_s"] for r in rs)
+        paired = [r["tpot_s"] / o["tpot_s"] for r, o in zip(rs, runs[on_demand])]
         # what `evalsuite simulate` gives with this configuration's measured profile and saved trace
         replayed = simulate(rs[0]["trace"], case_costs, slots, case.sim_mode).tpot_s
         rows.append({"case": case.label, "mode": case.mode, "predictor": case.predictor, "tpot_ms": tpot * 1e3,
+                     # paired per repeat (the runs of one repeat are adjacent in time), with the spread
+                     "vs_on_demand": med(paired), "vs_on_demand_range": [min(paired), max(paired)],
                      "ttft_ms": med(r["ttft_s"] for r in rs) * 1e3,
                      "hit_rate": med(r["hit_rate"] for r in rs) if case.mode != "resident" else 1.0,
+                     "forced": case.forced, "same_tokens": med(r["same_tokens"] for r in rs),
                      "stall_ms_per_token": med(r["stall_ms_per_token"] or 0.0 for r in rs),
                      "gap_closed": gap_closed(od_tpot, tpot, bound) if case.mode != "resident" else None,
                      "simulated_tpot_ms": med(simulated) * 1e3, "speed_factor": med(speed),
                      "profile_tpot_ms": replayed * 1e3,
                      "sim_error": med(sim / r["tpot_s"] - 1 for sim, r in zip(simulated, rs))})
-    oracle = next(c for c in runs if c.predictor == "oracle")  # its look-ahead for free: prediction's ceiling
-    free = simulate(runs[oracle][0]["trace"], link_costs, slots, "oracle").tpot_s
+    # perfect prediction with a free look-ahead, replayed on the native routing: prediction's ceiling
+    free = simulate(runs[on_demand][0]["trace"], link_costs, slots, "oracle").tpot_s
     return {"link": link, "capacity": capacity, "cache_experts": slots, "transfer_ms": transfer_s * 1e3,
             "costs": link_costs.__dict__, "case_costs": pcost,
             "bound_tpot_ms": bound * 1e3, "oracle_free_tpot_ms": free * 1e3, "rows": rows,
@@ -395,12 +441,12 @@ def format_result(result: dict) -> str:
                      f"{cfg['capacity']} = {cfg['cache_experts']} experts; "
                      f"overlap bound {cfg['bound_tpot_ms']:.2f} ms; "
                      f"oracle with a free look-ahead (simulated) {cfg['oracle_free_tpot_ms']:.2f} ms")
-        lines.append(f"{'case':<28}{'TPOT ms':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}{'gap closed':>11}"
-                     f"{'sim ms':>9}{'sim err':>9}{'speed':>7}")
+        lines.append(f"{'case':<38}{'TPOT ms':>9}{'/ on-dem':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}"
+                     f"{'gap closed':>11}{'same tok':>9}{'sim ms':>9}{'sim err':>9}{'speed':>7}")
         for r in cfg["rows"]:
             gap = f"{r['gap_closed']:>11.2f}" if r["gap_closed"] is not None else f"{'-':>11}"
-            lines.append(f"{r['case']:<28}{r['tpot_ms']:>9.2f}{r['ttft_ms']:>9.2f}{r['hit_rate']:>7.3f}"
-                         f"{r['stall_ms_per_token']:>10.2f}{gap}{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}"
-                         f"{r['speed_factor']:>7.2f}")
+            lines.append(f"{r['case']:<38}{r['tpot_ms']:>9.2f}{r['vs_on_demand']:>9.3f}{r['ttft_ms']:>9.2f}"
+                         f"{r['hit_rate']:>7.3f}{r['stall_ms_per_token']:>10.2f}{gap}{r['same_tokens']:>9.3f}"
+                         f"{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}{r['speed_factor']:>7.2f}")
     return "\n".join(lines)
 
