@@ -19,6 +19,8 @@ target layer; averaged within a sample (a batch row of a request), then across s
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .engine.scheduler import ranked
@@ -46,7 +48,8 @@ class PredictionDriver:
         self.current: dict = {}  # layer -> [(predicted scores, native ids)] per decode step of the running request
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
-            self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
+            if predictor.reads_residual:  # a module hook costs every call of the module: only when read
+                self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
             self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
 
     def _residual_hook(self, pos):
@@ -99,7 +102,7 @@ class PredictionDriver:
         if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
             engine.settle_prefetches(layer, chosen)
         target, scores = pos + self.horizon, None
-        with torch.no_grad():
+        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
             if target < len(engine.layers):
                 scores = self.predictor.scores(LayerState(pos, x, self.residual.get(pos), ids, weights), self.horizon)
             elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer

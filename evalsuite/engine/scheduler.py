@@ -46,6 +46,8 @@ class PrefetchScheduler:
         self._last: tuple[int, float, float] | None = None  # (position, time, stall total) at the last router
         self.picked: dict[int, list[int]] = {}  # sparse layer -> per rank, predictions the router confirmed
         self.seen: dict[int, int] = {}  # sparse layer -> predictions scored
+        self._precision: dict[int, list[float]] = {}  # sparse layer -> precision(), until the next observe
+        self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
         self.layer_s = self._last = None
@@ -68,11 +70,14 @@ class PrefetchScheduler:
         for rank, e in enumerate(candidates[: self.budget]):
             picked[rank] += e in chosen
         self.seen[layer] = self.seen.get(layer, 0) + 1
+        self._precision.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""
-        seen, picked = self.seen.get(layer, 0), self.picked.get(layer, [0] * self.budget)
-        return [(hits + 1) / (seen + 2) for hits in picked]
+        if layer not in self._precision:
+            seen, picked = self.seen.get(layer, 0), self.picked.get(layer, [0] * self.budget)
+            self._precision[layer] = [(hits + 1) / (seen + 2) for hits in picked]
+        return self._precision[layer]
 
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
@@ -83,7 +88,7 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing])
-        chunk_s = t * min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)
+        chunk_s = t * self._chunk_share
         precision, ahead = self.precision(layer), engine.transfers.prefetches_queued()
         wanted = []
         for rank, e in missing:

@@ -32,6 +32,7 @@ class Predictor:
     name = ""
     horizons = (1,)  # how far ahead it can predict
     parts: tuple[str, ...] = ()  # what it reads from a calibration artifact
+    reads_residual = False  # whether scores() reads LayerState.residual (a hook per layer records it)
 
     def __init__(self, layers, family, artifact=None):
         self.layers, self.family, self.artifact = layers, family, artifact
@@ -65,7 +66,7 @@ class QuasiPredictor(Predictor):
     """Seed A: q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts of w_e * default_vector[e];
     layer p+1's router applied to q."""
 
-    name, parts = "quasi", ("default_vectors",)
+    name, parts, reads_residual = "quasi", ("default_vectors",), True
 
     def quasi_state(self, state: LayerState) -> torch.Tensor:
         vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
