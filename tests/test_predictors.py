@@ -102,6 +102,7 @@ class StubEngine:
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                         "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("X", (), {"nbytes": 4096})()  # a chunk is 1/64 of a copy
+        self.prefetch_cost_s = None
         self.started = []
 
     def prefetch(self, layer, experts):

@@ -20,6 +20,7 @@ class FakeEngine:
         self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
                                          chunk_bytes=10)
         self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
+        self.prefetch_cost_s = None  # issuing a prefetch costs the compute thread nothing
         self.sent = []
 
     def prefetch(self, layer, experts):
@@ -104,3 +105,21 @@ def test_demand_loads_ahead_do_not_close_the_window():
     s.layer_s = 0.5
     s.schedule(1, candidates([3, 5]), h=1)
     assert engine.sent and engine.sent[0][:1] == [3]
+
+
+def test_a_prefetch_whose_issue_costs_more_than_it_could_save_is_not_sent():
+    """A copy of 1 s saves at most 1 s; when issuing and cancelling a wrong guess costs the compute
+    thread 10 s, a guess right half the time is not worth it, while a sure one still is."""
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 10.0
+    engine.prefetch_cost_s = 10.0
+    for _ in range(200):  # rank 0 always picked, rank 1 half the time
+        s.observe(7, candidates([3, 5]), {3, 5} if len(engine.sent) % 2 else {3})
+        engine.sent.append(None)
+    engine.sent = []
+    s.schedule(1, candidates([2, 4]), h=1)
+    assert engine.sent == [[2]]
+    engine.prefetch_cost_s = 0.0
+    s.schedule(1, candidates([2, 4]), h=1)
+    assert engine.sent[-1] == [2, 4]

@@ -228,6 +228,7 @@ class SchedulerStub:
         self.transfers = type("Link", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                            "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("Layout", (), {"nbytes": 4096})()
+        self.prefetch_cost_s = None
         self.requested: list = []
 
     def prefetch(self, layer, experts):

@@ -110,6 +110,8 @@ class Engine:
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.shadow = self.decoding = False
         self._prefetched: set = set()  # prefetched experts not yet used
+        self._prefetch_s, self._prefetch_n = 0.0, 0
+        self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
         predictor = predictor or {"hybrid": "hybrid", "resident": None, "on-demand": None}.get(mode, "gate")
         top_k = self.layers[0].top_k
@@ -274,6 +276,7 @@ class Engine:
         `demand`: the copies queue with demand loads (experts that will certainly execute)."""
         if self.cache is None:
             return 0
+        begun = time.perf_counter()
         counters, started = self.record.counters[layer], 0
         keep = {(layer, int(e)) for e in experts}  # never evict one requested expert for another
         for e in experts:
@@ -286,7 +289,16 @@ class Engine:
             self._prefetched.add(key)
             counters.prefetches += 1
             started += 1
+        self._prefetch_work(time.perf_counter() - begun, started)
         return started
+
+    def _prefetch_work(self, seconds: float, prefetches: int) -> None:
+        """Compute-thread time spent issuing, cancelling and promoting prefetches, per prefetch
+        issued (`prefetch_cost_s`, what the scheduler weighs a wrong guess by besides link time)."""
+        self._prefetch_s += seconds
+        self._prefetch_n += prefetches
+        if self._prefetch_n:
+            self.prefetch_cost_s = self._prefetch_s / self._prefetch_n
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
@@ -294,8 +306,9 @@ class Engine:
         goes back to the pool, or, if no chunk of it was written, to the expert it evicted), and the picked ones
         still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
         how many were cancelled."""
-        if self.cache is None:
+        if self.cache is None or not self._prefetched:
             return 0
+        begun = time.perf_counter()
         counters, cancelled = self.record.counters[layer], 0
         for key in [k for k in self._prefetched if k[0] == layer]:
             transfer = self.cache.transfers.get(key)
@@ -309,6 +322,7 @@ class Engine:
                 self._prefetched.discard(key)
                 counters.prefetch_cancelled += 1
                 cancelled += 1
+        self._prefetch_work(time.perf_counter() - begun, 0)
         return cancelled
 
     def _submit(self, key, slot: int, counters: Counters, prefetch: bool = False) -> None:

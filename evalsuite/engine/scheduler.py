@@ -14,9 +14,12 @@ saved(r)   the part of candidate r's copy done before its layer starts. The curr
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
 cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand load preempts a
-           moving prefetch at the next chunk boundary, and the router's decision cancels it):
-           (1 − p)·chunk seconds.
-rule       send r when p·saved(r) > (1 − p)·chunk seconds; with `window=False`, send the top
+           moving prefetch at the next chunk boundary, and the router's decision cancels it), and
+           costs the compute thread what issuing and cancelling a prefetch costs (c, measured by
+           the engine: `prefetch_cost_s`); a right one replaces a demand load that would cost the
+           same: (1 − p)·(chunk + c) seconds. On a link whose copies are shorter than c, little
+           is worth sending.
+rule       send r when p·saved(r) > (1 − p)·(chunk + c) seconds; with `window=False`, send the top
            `budget` regardless.
 
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
@@ -88,12 +91,12 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing])
-        chunk_s = t * self._chunk_share
+        wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)  # what a wrong guess costs
         precision, ahead = self.precision(layer), engine.transfers.prefetches_queued()
         wanted = []
         for rank, e in missing:
             p = precision[rank]
             saved = min(t, max(0.0, self.layer_s * h - (ahead + len(wanted)) * t))
-            if p * saved > (1 - p) * chunk_s:
+            if p * saved > (1 - p) * wrong_s:
                 wanted.append(e)
         return engine.prefetch(layer, wanted)  # in one call, so no candidate evicts another
