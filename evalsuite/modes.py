@@ -20,6 +20,8 @@ target layer; averaged within a sample (a batch row of a request), then across s
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 
 import torch
 
@@ -35,6 +37,25 @@ def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> t
     return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]
 
 
+class Later:
+    """A prediction put off until its request ends (see PredictionDriver._predict): the predictor's
+    call on that layer's state, made once when first asked for."""
+
+    def __init__(self, score):
+        self._score, self._scores = score, None
+
+    def scores(self) -> torch.Tensor:
+        if self._scores is None:
+            with torch.no_grad():
+                self._scores = self._score()
+            self._score = None
+        return self._scores
+
+    def candidates(self, budget: int):
+        """The ranked candidates, for the trace: computed when the trace is read."""
+        return lambda: ranked(self.scores(), budget)
+
+
 class PredictionDriver:
     """Hooks on every sparse layer: score the last prediction, speculate, predict, prefetch."""
 
@@ -45,7 +66,8 @@ class PredictionDriver:
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
         self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
-        self.current: dict = {}  # layer -> [(predicted scores, native ids)] per decode step of the running request
+        self.current: dict = {}  # layer -> [(prediction, native ids)] per decode step of the running request
+        self.put_off = 0  # predictions left for after their request (Later)
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
             if predictor.reads_residual:  # a module hook costs every call of the module: only when read
@@ -77,20 +99,20 @@ class PredictionDriver:
             first = self.pending.get(0) if engine.decoding else None
             self.pending = {} if first is None else {0: first}
             self.deferred = None
-        predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) made one layer earlier
+        predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
         layer = engine.layers[pos].index
         chosen = None
         if self.scheduler is not None:
             if pos == 0 and not engine.decoding:
                 self.scheduler.new_request()
             self.scheduler.layer_started(pos)
-            chosen = set(ids.reshape(-1).tolist())
-            if predicted is not None and engine.decoding:
+            if engine.decoding and isinstance(predicted, tuple):
+                chosen = set(ids.reshape(-1).tolist())
                 self.scheduler.observe(layer, predicted[1], chosen)
         replaced = None
         # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
         if predicted is not None and engine.decoding:
-            self.current.setdefault(layer, []).append((predicted[0], ids))
+            self.current.setdefault(layer, []).append((predicted, ids))
         if predicted is not None and engine.kinds is not None:
             for k in self.recall_ks:
                 engine.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
@@ -98,25 +120,55 @@ class PredictionDriver:
             ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)
             replaced = (logits, weights, ids)
-            chosen = set(ids.reshape(-1).tolist())
-        if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
-            engine.settle_prefetches(layer, chosen)
-        target, scores = pos + self.horizon, None
-        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
-            if target < len(engine.layers):
-                scores = self.predictor.scores(LayerState(pos, x, self.residual.get(pos), ids, weights), self.horizon)
-            elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer
-                target, scores = 0, self.predictor.next_token_scores(x)
-        if scores is not None:
-            prediction = (scores, ranked(scores, engine.budget))
-            self.pending[target] = prediction
-            if engine.tracer is not None:
-                engine.tracer.predicted(engine.layers[target].index, prediction[1])
-            if self.scheduler is not None and engine.cache is not None:
-                # submitted once this layer's own demand loads are queued (release_prefetch):
-                # a prefetch already on the link would delay them
-                self.deferred = (target, prediction)
+            chosen = None
+        if self.scheduler is not None and engine.has_prefetches():
+            # the router decided: wrong guesses leave the link, right ones go first
+            engine.settle_prefetches(layer, set(ids.reshape(-1).tolist()) if chosen is None else chosen)
+        target, score = pos + self.horizon, None
+        if target < len(engine.layers):
+            state = LayerState(pos, x, self.residual.get(pos), ids, weights)
+            score = functools.partial(self.predictor.scores, state, self.horizon)
+        elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer
+            target, score = 0, functools.partial(self.predictor.next_token_scores, x)
+        if score is not None:
+            self._predict(target, score)
         return replaced
+
+    def _predict(self, target: int, score) -> None:
+        """Predict sparse layer `target` now, or, when the scheduler finds that no prefetch for it
+        could pay for the prediction's own cost on this link (Later), when the request ends."""
+        engine = self.engine
+        if self._can_wait(target) and not self.scheduler.worth_predicting(target, self.horizon if target else 1):
+            later = Later(score)
+            self.pending[target] = later
+            self.put_off += 1
+            if engine.tracer is not None:
+                engine.tracer.predicted(engine.layers[target].index, later.candidates(engine.budget))
+            return
+        begun = time.perf_counter()
+        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
+            scores = score()
+        if scores is None:
+            return
+        prediction = (scores, ranked(scores, engine.budget))
+        if self.scheduler is not None:
+            self.scheduler.prediction_took(time.perf_counter() - begun)
+        self.pending[target] = prediction
+        if engine.tracer is not None:
+            engine.tracer.predicted(engine.layers[target].index, prediction[1])
+        if self.scheduler is not None and engine.cache is not None:
+            # submitted once this layer's own demand loads are queued (release_prefetch):
+            # a prefetch already on the link would delay them
+            self.deferred = (target, prediction)
+
+    def _can_wait(self, target: int) -> bool:
+        """Whether the prediction for `target` serves only prefetching and the record (recall, the
+        scheduler's precision, the trace), so it may be scored after the request: a decode step of
+        a stateless predictor, a layer that will not execute it, and a cache that does not read it."""
+        engine = self.engine
+        return (self.scheduler is not None and engine.decoding and self.predictor.stateless
+                and not self.speculates(target) and engine.kinds is None and engine.cache is not None
+                and engine.cache.policy != "predicted")
 
     def release_prefetch(self) -> None:
         """Start the prefetches of the last prediction (the engine calls this after demand loads).
@@ -143,13 +195,23 @@ class PredictionDriver:
 
     def end_request(self) -> None:
         """Close the running request: each of its rows becomes one sample in the engine's record, with
-        its recall@k per layer averaged over its decode steps (scored here, once, not per step)."""
+        its recall@k per layer averaged over its decode steps (scored here, once, not per step).
+        Predictions left for later are made now, and the scheduler learns from them."""
         recall = self.engine.record.recall
         for k in self.recall_ks:
             recall.setdefault(k, {})
         for layer, steps in self.current.items():
-            predicted = torch.stack([p for p, _ in steps])  # [steps, rows, experts]
-            native = torch.stack([n.to(p.device) for p, n in steps])  # [steps, rows, top-k]
+            scores = []
+            for predicted, native in steps:
+                if isinstance(predicted, Later):
+                    scores.append(predicted.scores())
+                    if self.scheduler is not None:
+                        self.scheduler.observe(layer, ranked(scores[-1], self.engine.budget),
+                                               set(native.reshape(-1).tolist()))
+                else:
+                    scores.append(predicted[0])
+            predicted = torch.stack(scores)  # [steps, rows, experts]
+            native = torch.stack([n.to(predicted.device) for _, n in steps])  # [steps, rows, top-k]
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)

@@ -9,7 +9,7 @@ import torch
 import evalsuite
 from evalsuite import arch
 
-from .helpers import batch, reference_model
+from .helpers import batch, reference_model, shipped_model
 
 SLOW = "1GB/s+300000us"  # every copy takes 0.3 s: the prefetches are still on the link when settled
 
@@ -95,8 +95,9 @@ def test_speculative_sends_for_a_batch_are_the_union_of_each_row_s_top_k():
 
 def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored():
     model, ids, mask, expected = copy_and_reference(rows=2, tokens=5)
-    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5) as engine, \
-            torch.no_grad():
+    # window=False: every prediction is made and sent (none is left for after the request)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
+                           window=False) as engine, torch.no_grad():
         sends, prefetch = [], engine.prefetch
         engine.prefetch = lambda layer, experts, demand=False: (sends.append(layer), prefetch(layer, experts, demand))[1]
         out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
@@ -152,3 +153,43 @@ def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back():
         assert cache.pools[layer].victim(lambda k: True) == (layer, 1)
         s = engine.stats()
     assert s["prefetch_cancelled"] == 2 and s["victims_restored"] == 1
+
+
+def recall_and_put_off(link, window=True):
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=12)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5, link=link,
+                           window=window, trace=True) as engine, torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        s, trace = engine.stats(), engine.routing_trace()
+        put_off = engine.driver.put_off
+    assert torch.equal(out, expected)
+    return s["recall"], s["prefetches"], put_off, [[r.predicted for r in step] for step in trace.steps]
+
+
+def test_a_prediction_that_cannot_pay_is_made_after_the_request_with_the_same_recall():
+    # no link emulation: copies take microseconds, less than predicting costs, so predictions wait
+    recall, _, put_off, predicted = recall_and_put_off(None)
+    online_recall, _, online_put_off, online_predicted = recall_and_put_off(None, window=False)
+    assert put_off > 0 and online_put_off == 0
+    assert recall == online_recall  # the same predictor calls, made later
+    assert predicted == online_predicted  # the trace holds them too
+
+
+def test_on_a_slow_link_predictions_are_made_and_sent_online():
+    """The trained tiny model on the SD card: a copy takes three layers' time, so once the scheduler
+    has seen how often the gate predictor is right (one online prediction in EXPLORE_EVERY, then all
+    that pay), most predictions are made during decoding and prefetched."""
+    from evalsuite.generate import load_model
+    from evalsuite.perf.bench import _generate
+
+    model, tokenizer = load_model(shipped_model())
+    ids = torch.tensor([tokenizer("12+34=")["input_ids"]])
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.25,
+                           link="sdcard") as engine:
+        _generate(model, ids, 24)  # learns each rank's precision
+        first = engine.driver.put_off
+        engine.reset_stats()
+        _generate(model, ids, 24)
+        s, put_off = engine.stats(), engine.driver.put_off - first
+    predictions = 23 * len(engine.layers)
+    assert s["prefetches"] > 0 and put_off < predictions / 3

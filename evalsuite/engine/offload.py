@@ -300,6 +300,10 @@ class Engine:
         if self._prefetch_n:
             self.prefetch_cost_s = self._prefetch_s / self._prefetch_n
 
+    def has_prefetches(self) -> bool:
+        """Whether any prefetched expert is still unused (settle_prefetches has something to do)."""
+        return bool(self._prefetched)
+
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
         are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot

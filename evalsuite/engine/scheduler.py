@@ -22,6 +22,11 @@ cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand l
 rule       send r when p·saved(r) > (1 − p)·(chunk + c) seconds; with `window=False`, send the top
            `budget` regardless.
 
+worth     a prediction is made during decoding only if its candidates' expected saving (the rule's
+           margins, times the layer's miss rate) exceeds what the prediction itself costs the
+           compute thread; otherwise (a fast link, a cache that already holds the layer) the
+           driver scores it after the request, for recall and precision only (modes.Later); one
+           in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`).
@@ -31,6 +36,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+EXPLORE_EVERY = 8  # a prediction that cannot pay is still made online this often, to keep its precision current
 
 
 def ranked(scores: torch.Tensor, budget: int) -> list[int]:
@@ -50,6 +57,8 @@ class PrefetchScheduler:
         self.picked: dict[int, list[int]] = {}  # sparse layer -> per rank, predictions the router confirmed
         self.seen: dict[int, int] = {}  # sparse layer -> predictions scored
         self._precision: dict[int, list[float]] = {}  # sparse layer -> precision(), until the next observe
+        self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
+        self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
@@ -66,6 +75,32 @@ class PrefetchScheduler:
 
     def _ema(self, old, new):
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+    def prediction_took(self, seconds: float) -> None:
+        """The compute thread spent `seconds` on one prediction (predictor and ranking)."""
+        self.predict_s = self._ema(self.predict_s, seconds)
+
+    def worth_predicting(self, target_pos: int, h: int) -> bool:
+        """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
+        the summed expected saving of its candidates under the send rule, each counted with the
+        layer's miss rate (a resident candidate saves nothing), against the time one prediction
+        takes. Unknown quantities (before the first measurements) say yes."""
+        engine = self.engine
+        t = engine.transfers.seconds_per_transfer()
+        if not self.window or self.layer_s is None or t is None or self.predict_s is None:
+            return True
+        layer = engine.layers[target_pos].index
+        self._asked[layer] = self._asked.get(layer, 0) + 1
+        if self._asked[layer] % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
+            return True
+        counters = engine.record.counters[layer]
+        miss = counters.misses / counters.expert_uses if counters.expert_uses else 1.0
+        wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
+        ahead, gain = engine.transfers.prefetches_queued(), 0.0
+        for rank, p in enumerate(self.precision(layer)):
+            saved = min(t, max(0.0, self.layer_s * h - (ahead + rank) * t))
+            gain += max(0.0, p * saved - (1 - p) * wrong_s)
+        return miss * gain > self.predict_s
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""

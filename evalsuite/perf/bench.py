@@ -18,7 +18,9 @@ case's own routing trace, so the simulator is validated against the measurement.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -69,13 +71,21 @@ def cases(predictors, hybrid: bool) -> list[Case]:
     return out
 
 
-def load_bench_model(spec: str, layers: int, device: str):
-    """A shipped model directory, `tiny:<type>`, or a real model's name (random weights, real shapes)."""
+def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = None):
+    """A shipped model directory, `tiny:<type>`, or a real model's name (random weights, real shapes).
+
+    A real model's shape is written to a checkpoint under `workdir` and loaded without its experts
+    (evalsuite.engine.load_skeleton): every engine then reads them from there, as one would offload
+    a model larger than memory, so the bench holds one copy of the experts at a time (8 sparse
+    layers of Qwen3-30B-A3B are 9.6 GB) and never moves the whole model to the device."""
+    from ..engine import load_skeleton
     from ..generate import load_model
     from .shapes import MODELS, random_model
 
     if spec in MODELS:
-        model = random_model(spec, layers).to(device)
+        path = str(Path(workdir or ".") / "checkpoint")
+        random_model(spec, layers).save_pretrained(path)
+        model = load_skeleton(path, torch.bfloat16, device)
         ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
         return model, ids.to(device), None
     model, tokenizer = load_model(spec, device=device)
@@ -248,11 +258,43 @@ def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
 
 
 def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
-    with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all") as engine:
+    # a model without its experts reads them from its checkpoint: the cache then holds the only copy
+    store = "disk" if _unloaded(model) else "host"
+    with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all",
+                 store=store) as engine:
         _generate(model, ids, tokens)  # fills the cache
         engine.reset_stats()
         _generate(model, ids, tokens)
         return engine.stats()["tpot_ms"]["median"] / 1e3
+
+
+def _unloaded(model) -> bool:
+    from ..engine.placement import experts_unloaded
+    from ..engine.store import ExpertLayout
+
+    layers = sparse_layers(model)
+    return experts_unloaded(layers, ExpertLayout.of(layers[0].experts))
+
+
+@contextlib.contextmanager
+def whole(model):
+    """The model with every expert in place for the runs that need the unmodified model: a model
+    built without its experts reads them from its checkpoint, and drops them again afterwards."""
+    if not _unloaded(model):
+        yield model
+        return
+    from ..arch import family_of
+    from ..engine.placement import drop_experts, home_device, load_experts
+    from ..engine.store import Checkpoint, ExpertLayout
+
+    layers = sparse_layers(model)
+    layout = ExpertLayout.of(layers[0].experts)
+    load_experts(layers, layout, family_of(model), Checkpoint(model.config._name_or_path, layout.dtype),
+                 home_device(model, layers, layout))
+    try:
+        yield model
+    finally:
+        drop_experts(layers, layout)
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:
@@ -329,12 +371,18 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
 def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",
                 artifact=None, progress=True) -> dict:
     """Everything `evalsuite bench` reports for one model, as a JSON-ready dict."""
-    model, ids, _ = load_bench_model(spec, layers, device)
+    with tempfile.TemporaryDirectory(prefix="evalsuite-bench-") as workdir:
+        model, ids, _ = load_bench_model(spec, layers, device, workdir)
+        return _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress)
+
+
+def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress) -> dict:
     hybrid = artifact is not None and "estimator" in artifact.meta.get("predictors", ["estimator"])
     all_cases = cases(predictors, hybrid)
-    overhead = engine_overhead(model, ids, tokens, repeats)
+    with whole(model):
+        overhead = engine_overhead(model, ids, tokens, repeats)
+        reference = _generate(model, ids, tokens)
     handoff = handoff_seconds(device)
-    reference = _generate(model, ids, tokens)
     trace = None
     if any(c.predictor == "trace-oracle" for c in all_cases):
         with offload(model, mode="resident", trace=True) as engine:  # two requests: the warm cost runs make two

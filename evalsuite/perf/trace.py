@@ -90,8 +90,9 @@ class TraceRecorder:
             self._prefill[layer] = list(ids)
 
     def predicted(self, layer: int, ranked) -> None:
+        """`ranked`: the candidates, or a function giving them once the trace is read."""
         if self._step is not None:
-            self._step.setdefault(layer, LayerRouting([])).predicted = list(ranked)
+            self._step.setdefault(layer, LayerRouting([])).predicted = ranked if callable(ranked) else list(ranked)
 
     def _flush(self) -> None:
         if self._step and len(self._step) == len(self.trace.layers):
@@ -102,6 +103,10 @@ class TraceRecorder:
 
     def result(self) -> RoutingTrace:
         self._flush()
+        for step in self.trace.steps:  # predictions the engine made after their request (modes.Later)
+            for routing in step:
+                if callable(routing.predicted):
+                    routing.predicted = list(routing.predicted())
         return self.trace
 
 

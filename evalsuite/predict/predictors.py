@@ -33,6 +33,7 @@ class Predictor:
     horizons = (1,)  # how far ahead it can predict
     parts: tuple[str, ...] = ()  # what it reads from a calibration artifact
     reads_residual = False  # whether scores() reads LayerState.residual (a hook per layer records it)
+    stateless = True  # scores() depends on its arguments alone, so it may be called after the request
 
     def __init__(self, layers, family, artifact=None):
         self.layers, self.family, self.artifact = layers, family, artifact
@@ -116,6 +117,7 @@ class OraclePredictor(Predictor):
     """The upper bound: the routing a shadow pass recorded for this very forward pass."""
 
     name, horizons = "oracle", (1, 2)
+    stateless = False  # reads the routing its shadow pass recorded for this forward pass
 
     def __init__(self, layers, family, artifact=None):
         super().__init__(layers, family, artifact)
@@ -145,6 +147,7 @@ class TraceOraclePredictor(Predictor):
     Batch-1 decode only, as traces are; a prefill is predicted as the experts its layer ran."""
 
     name, horizons = "trace-oracle", (1, 2)
+    stateless = False  # follows the recorded run step by step
 
     def __init__(self, layers, family, trace):
         super().__init__(layers, family, None)
