@@ -43,7 +43,11 @@ class PrefetchScheduler:
         if not self.engine.decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
-        now, stalled = time.perf_counter(), self._stall_total()
+        self.layer_at(pos, time.perf_counter(), self._stall_total())
+
+    def layer_at(self, pos: int, now: float, stalled: float) -> None:
+        """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far
+        (the engine's clock and counters, or the simulator's)."""
         if self._last is not None and self._last[0] == pos - 1:
             self.layer_s = self._ema(self.layer_s, max(0.0, now - self._last[1] - max(0.0, stalled - self._last[2])))
         self._last = (pos, now, stalled)
