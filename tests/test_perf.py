@@ -34,13 +34,30 @@ def test_a_trace_holds_every_decode_step_and_layer():
     for step in trace.steps:
         for r in step:
             assert r.executed == r.native and len(r.native) == trace.top_k
-        # every sparse layer is predicted: the first one across the token boundary, from the previous token
-        assert all(len(r.predicted) == trace.top_k for r in step)
+    # every sparse layer is predicted: the first one across the token boundary, from the previous
+    # token (so not at a request's first decode step)
+    assert trace.steps[0][0].predicted is None
+    assert all(len(r.predicted) == trace.top_k for s, step in enumerate(trace.steps) for r in step[s == 0:])
     assert trace.meta["mode"] == "router-preserving" and trace.meta["predictor"] == "gate"
     # the prefill's experts are kept, to warm the simulated cache as the real prefill does
     [(start, per_layer)] = trace.prefills
     assert start == 0 and len(per_layer) == 3 and all(len(e) >= trace.top_k for e in per_layer)
     assert 0 <= trace.recall() <= 1
+
+
+def test_a_trace_keeps_each_prediction_with_the_step_it_is_for():
+    # trace-oracle predicts perfectly, the first layer from the next step of the resident run's trace
+    resident = traced("resident")
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=resident,
+                           cache_capacity=0.5, trace=True) as engine:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        trace = engine.routing_trace()
+    assert [[sorted(r.predicted or []) for r in step] for step in trace.steps[1:]] == \
+        [[r.native for r in step] for step in trace.steps[1:]]
+    assert trace.recall() == 1.0
 
 
 def test_speculative_traces_execute_the_prediction_and_keep_the_native_choice():

@@ -7,8 +7,10 @@ so any run's routing can be replayed by `evalsuite simulate` against other hardw
 
 native     the layer's own router's top-k (what a router-preserving run executes)
 executed   the experts the layer actually ran (differs from native under speculation)
-predicted  the prediction made one sparse layer earlier, ranked by confidence (the
-           prefetch candidates); None for the first sparse layer or without a predictor
+predicted  the prediction made for this layer, ranked by confidence (the prefetch
+           candidates): one sparse layer earlier, or for the first sparse layer at the previous
+           decode step's last one (across the token boundary); None where none was made (a
+           request's first decode step at the first sparse layer, a run without a predictor)
 """
 from __future__ import annotations
 
@@ -72,11 +74,15 @@ class TraceRecorder:
         self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
         self._step: dict[int, LayerRouting] | None = None
         self._prefill: dict[int, list[int]] | None = None
+        self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
 
     def forward_started(self, decoding: bool, rows: int) -> None:
         self._flush()
         self._step = {} if decoding and rows == 1 else None
         self._prefill = {} if not decoding and rows == 1 else None
+        if self._step is not None:
+            self._step.update({layer: LayerRouting([], None, ranked) for layer, ranked in self._next.items()})
+        self._next = {}
 
     def native(self, layer: int, ids) -> None:
         if self._step is not None:
@@ -90,7 +96,11 @@ class TraceRecorder:
             self._prefill[layer] = list(ids)
 
     def predicted(self, layer: int, ranked) -> None:
-        if self._step is not None:
+        if self._step is None:
+            return
+        if self._step.get(layer, LayerRouting([])).native:  # it routed already: this is for the next token
+            self._next[layer] = list(ranked)
+        else:
             self._step.setdefault(layer, LayerRouting([])).predicted = list(ranked)
 
     def _flush(self) -> None:
@@ -113,7 +123,8 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
     rest uniformly; the prediction contains each native expert with probability `recall`
     and fills up with wrong guesses, which repeat the layer's previous wrong guesses with
     probability `reuse` (a predictor's mistakes are as sticky as the routing) and are drawn
-    uniformly otherwise. Use the reuse and recall measured on a recorded trace
+    uniformly otherwise. Every layer is predicted but the first step's first one, as the engine
+    does (the first sparse layer across the token boundary). Use the reuse and recall measured on a recorded trace
     (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
     """
     rng = random.Random(seed)
@@ -128,7 +139,7 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
             rest = [e for e in range(experts) if e not in kept]
             native = sorted(kept + rng.sample(rest, top_k - len(kept)))
             predicted = None
-            if pos > 0:
+            if pos > 0 or trace.steps:  # the first layer is predicted from the previous step
                 hit = [e for e in native if rng.random() < recall]
                 sticky = [e for e in wrong_before[pos] if e not in native and rng.random() < reuse]
                 wrong = sticky[: top_k - len(hit)]
