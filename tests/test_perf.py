@@ -10,7 +10,7 @@ from evalsuite.cli import main
 from evalsuite.perf.bench import bench_model
 from evalsuite.perf.profiles import costs, load_profile, profile_names
 from evalsuite.perf.shapes import MODELS, model_shape, random_model
-from evalsuite.perf.simulate import _executed
+from evalsuite.perf.replay import executed_experts
 from evalsuite.perf.trace import RoutingTrace
 
 from .helpers import reference_model
@@ -63,7 +63,8 @@ def test_a_trace_keeps_each_prediction_with_the_step_it_is_for():
 def test_speculative_traces_execute_the_prediction_and_keep_the_native_choice():
     trace = traced("speculative", "gate")
     executed = [r.executed for step in trace.steps for r in step]
-    derived = [_executed("speculative", pos, r, trace.top_k) for step in trace.steps for pos, r in enumerate(step)]
+    derived = [executed_experts("speculative", pos, r, trace.top_k)
+               for step in trace.steps for pos, r in enumerate(step)]
     assert executed == derived
     assert any(r.executed != r.native for step in trace.steps for r in step[1:])  # gate is not perfect here
 
