@@ -184,3 +184,15 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
         metrics = store.task_metrics(runs["id"].tolist())
     assert len(runs) == 5 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
     assert {"tpot_ms", "ttft_ms", "simulated_tpot_ms", "sim_error", "bound_tpot_ms"} <= set(metrics["metric"])
+
+
+def test_a_version_1_trace_has_its_first_layer_predictions_moved_to_the_step_they_are_for(tmp_path):
+    trace = traced("router-preserving", "gate")
+    trace.save(tmp_path / "t.json")
+    data = json.loads((tmp_path / "t.json").read_text())
+    del data["version"]  # as written before: the prediction sat on the step that made it
+    for before, now in zip(data["steps"], data["steps"][1:]):
+        before[0]["predicted"] = now[0]["predicted"]
+    data["steps"][-1][0]["predicted"] = None
+    (tmp_path / "v1.json").write_text(json.dumps(data))
+    assert RoutingTrace.load(tmp_path / "v1.json").steps == RoutingTrace.load(tmp_path / "t.json").steps

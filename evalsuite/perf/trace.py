@@ -19,6 +19,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
+
 
 @dataclass
 class LayerRouting:
@@ -39,8 +41,9 @@ class RoutingTrace:
     prefills: list = field(default_factory=list)
 
     def save(self, path) -> None:
-        data = {"layers": self.layers, "experts": self.experts, "top_k": self.top_k, "meta": self.meta,
-                "steps": [[asdict(r) for r in step] for step in self.steps], "prefills": self.prefills}
+        data = {"version": VERSION, "layers": self.layers, "experts": self.experts, "top_k": self.top_k,
+                "meta": self.meta, "steps": [[asdict(r) for r in step] for step in self.steps],
+                "prefills": self.prefills}
         Path(path).write_text(json.dumps(data))
 
     @classmethod
@@ -48,11 +51,22 @@ class RoutingTrace:
         try:
             data = json.loads(Path(path).read_text())
             steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
-            return cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
-                       [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
+            trace = cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
+                        [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
                              "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
+        if data.get("version", 1) < 2:
+            trace._first_layer_one_step_later()
+        return trace
+
+    def _first_layer_one_step_later(self) -> None:
+        """Version 1 stored the first sparse layer's cross-token prediction on the step that made
+        it; it is for the next step of the same request."""
+        starts = {start for start, _ in self.prefills}
+        for index in range(len(self.steps) - 1, -1, -1):
+            earlier = self.steps[index - 1][0].predicted if index > 0 and index not in starts else None
+            self.steps[index][0].predicted = earlier
 
     def recall(self) -> float | None:
         """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
