@@ -139,6 +139,18 @@ def test_simulate_command_projects_every_mode(tmp_path, capsys):
     assert "synthetic trace" in capsys.readouterr().out
 
 
+def test_simulate_command_takes_the_engines_eviction_policy(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--profile", "a6000", "--reuse", "0.3", "--recall", "0.8",
+            "--steps", "4", "--capacity", "0.05", "--json", str(out)]
+    rows = {}
+    for policy in ("lru", "least-stale"):
+        assert main(argv + ["--cache-policy", policy]) == 0
+        rows[policy] = {r["mode"]: r for r in json.loads(out.read_text())[0]["rows"]}
+    assert "least-stale), predictor" in capsys.readouterr().out
+    assert rows["lru"]["on-demand"]["hit_rate"] != rows["least-stale"]["on-demand"]["hit_rate"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--profile", "tpu-v9", "--model", "qwen3-30b-a3b", "--reuse", "0.3", "--recall", "0.8"],
      "unknown hardware profile"),
