@@ -117,6 +117,8 @@ def test_the_eviction_policy_is_the_engines():
     lru = simulate(trace, COSTS, capacity=6, mode="on-demand")
     least_stale = simulate(trace, COSTS, capacity=6, mode="on-demand", policy="least-stale")
     assert lru.hit_rate == 0.0 and least_stale.hit_rate > 0.3
+    # 'predicted' is least-stale wherever no prediction is pending, as in on-demand
+    assert simulate(trace, COSTS, capacity=6, mode="on-demand", policy="predicted").hit_rate == least_stale.hit_rate
     assert overlap_bound(trace, COSTS, 6, policy="least-stale") < overlap_bound(trace, COSTS, 6)
 
 
