@@ -98,3 +98,19 @@ def test_every_policy_is_an_engine_option():
     for policy in POLICIES:
         with evalsuite.offload(model, cache_policy=policy, cache_capacity=4) as engine:
             assert engine.cache.policy == policy
+
+
+def test_a_prefetch_never_evicts_a_resident_candidate_of_the_same_prediction():
+    model = copy.deepcopy(reference_model("olmoe", "float32"))
+    with evalsuite.offload(model, mode="router-preserving", cache_pools="per-layer", cache_capacity=6,
+                           window=False) as engine, torch.no_grad():
+        model(input_ids=torch.tensor([[17]]))  # each pool holds two used experts
+        layer = engine.layers[1].index
+        for transfer in list(engine.cache.transfers.values()):
+            transfer.wait(5)
+        resident = [e for e in range(8) if engine.cache.resident((layer, e))]
+        missing = [e for e in range(8) if e not in resident]
+        # the prediction ranks a resident expert first and two missing ones after it: the copies
+        # may only evict the other resident expert, so one of them is sent, the resident candidate stays
+        assert engine.driver.scheduler.schedule(1, [resident[0], *missing[:2]], 1) == 1
+        assert engine.cache.resident((layer, resident[0]))

@@ -10,7 +10,7 @@ from evalsuite.cli import main
 from evalsuite.perf.bench import bench_model
 from evalsuite.perf.profiles import costs, load_profile, profile_names
 from evalsuite.perf.shapes import MODELS, model_shape, random_model
-from evalsuite.perf.simulate import _executed
+from evalsuite.perf.replay import executed_experts
 from evalsuite.perf.trace import RoutingTrace
 
 from .helpers import reference_model
@@ -34,8 +34,10 @@ def test_a_trace_holds_every_decode_step_and_layer():
     for step in trace.steps:
         for r in step:
             assert r.executed == r.native and len(r.native) == trace.top_k
-        # every sparse layer is predicted: the first one across the token boundary, from the previous token
-        assert all(len(r.predicted) == trace.top_k for r in step)
+    # every sparse layer is predicted: the first one across the token boundary, from the previous
+    # token (so not at a request's first decode step)
+    assert trace.steps[0][0].predicted is None
+    assert all(len(r.predicted) == trace.top_k for s, step in enumerate(trace.steps) for r in step[s == 0:])
     assert trace.meta["mode"] == "router-preserving" and trace.meta["predictor"] == "gate"
     # the prefill's experts are kept, to warm the simulated cache as the real prefill does
     [(start, per_layer)] = trace.prefills
@@ -43,10 +45,26 @@ def test_a_trace_holds_every_decode_step_and_layer():
     assert 0 <= trace.recall() <= 1
 
 
+def test_a_trace_keeps_each_prediction_with_the_step_it_is_for():
+    # trace-oracle predicts perfectly, the first layer from the next step of the resident run's trace
+    resident = traced("resident")
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=resident,
+                           cache_capacity=0.5, trace=True) as engine:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+        trace = engine.routing_trace()
+    assert [[sorted(r.predicted or []) for r in step] for step in trace.steps[1:]] == \
+        [[r.native for r in step] for step in trace.steps[1:]]
+    assert trace.recall() == 1.0
+
+
 def test_speculative_traces_execute_the_prediction_and_keep_the_native_choice():
     trace = traced("speculative", "gate")
     executed = [r.executed for step in trace.steps for r in step]
-    derived = [_executed("speculative", pos, r, trace.top_k) for step in trace.steps for pos, r in enumerate(step)]
+    derived = [executed_experts("speculative", pos, r, trace.top_k)
+               for step in trace.steps for pos, r in enumerate(step)]
     assert executed == derived
     assert any(r.executed != r.native for step in trace.steps for r in step[1:])  # gate is not perfect here
 
@@ -129,6 +147,18 @@ def test_simulate_command_projects_every_mode(tmp_path, capsys):
     assert "synthetic trace" in capsys.readouterr().out
 
 
+def test_simulate_command_takes_the_engines_eviction_policy(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--profile", "a6000", "--reuse", "0.3", "--recall", "0.8",
+            "--steps", "4", "--capacity", "0.05", "--json", str(out)]
+    rows = {}
+    for policy in ("lru", "least-stale"):
+        assert main(argv + ["--cache-policy", policy]) == 0
+        rows[policy] = {r["mode"]: r for r in json.loads(out.read_text())[0]["rows"]}
+    assert "least-stale), predictor" in capsys.readouterr().out
+    assert rows["lru"]["on-demand"]["hit_rate"] != rows["least-stale"]["on-demand"]["hit_rate"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--profile", "tpu-v9", "--model", "qwen3-30b-a3b", "--reuse", "0.3", "--recall", "0.8"],
      "unknown hardware profile"),
@@ -174,3 +204,15 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
         metrics = store.task_metrics(runs["id"].tolist())
     assert len(runs) == 6 and set(runs["mode"]) == {"resident", "on-demand", "router-preserving", "speculative"}
     assert {"tpot_ms", "ttft_ms", "simulated_tpot_ms", "sim_error", "bound_tpot_ms"} <= set(metrics["metric"])
+
+
+def test_a_version_1_trace_has_its_first_layer_predictions_moved_to_the_step_they_are_for(tmp_path):
+    trace = traced("router-preserving", "gate")
+    trace.save(tmp_path / "t.json")
+    data = json.loads((tmp_path / "t.json").read_text())
+    del data["version"]  # as written before: the prediction sat on the step that made it
+    for before, now in zip(data["steps"], data["steps"][1:]):
+        before[0]["predicted"] = now[0]["predicted"]
+    data["steps"][-1][0]["predicted"] = None
+    (tmp_path / "v1.json").write_text(json.dumps(data))
+    assert RoutingTrace.load(tmp_path / "v1.json").steps == RoutingTrace.load(tmp_path / "t.json").steps

@@ -105,7 +105,7 @@ class StubEngine:
         self.prefetch_cost_s = None
         self.started = []
 
-    def prefetch(self, layer, experts):
+    def prefetch(self, layer, experts, keep=()):
         self.started += [(layer, e) for e in experts]
         return len(experts)
 

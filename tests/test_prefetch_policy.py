@@ -73,8 +73,8 @@ def sends_of_speculative_run(rows: int):
         scheduler = engine.driver.scheduler
         scheduler.layer_started = lambda pos: setattr(scheduler, "layer_s", 1e-9)
         sends, prefetch = [], engine.prefetch
-        engine.prefetch = lambda layer, experts, demand=False: (
-            sends.append((layer, list(experts), demand, engine.decoding)), prefetch(layer, experts, demand))[1]
+        engine.prefetch = lambda layer, experts, demand=False, keep=(): (
+            sends.append((layer, list(experts), demand, engine.decoding)), prefetch(layer, experts, demand, keep))[1]
         model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
         top_k, first = engine.layers[0].top_k, engine.layers[0].index
     return [s for s in sends if s[3] and s[0] != first], top_k  # the first sparse layer never speculates
@@ -99,7 +99,7 @@ def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored
     with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
                            window=False) as engine, torch.no_grad():
         sends, prefetch = [], engine.prefetch
-        engine.prefetch = lambda layer, experts, demand=False: (sends.append(layer), prefetch(layer, experts, demand))[1]
+        engine.prefetch = lambda layer, experts, demand=False, keep=(): (sends.append(layer), prefetch(layer, experts, demand, keep))[1]
         out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
         first = engine.layers[0].index
         recall = engine.stats()["recall"][engine.layers[0].top_k]

@@ -23,7 +23,7 @@ class FakeEngine:
         self.prefetch_cost_s = None  # issuing a prefetch costs the compute thread nothing
         self.sent = []
 
-    def prefetch(self, layer, experts):
+    def prefetch(self, layer, experts, keep=()):
         self.sent.append(list(experts))
         return len(experts)
 

@@ -231,7 +231,7 @@ class SchedulerStub:
         self.prefetch_cost_s = None
         self.requested: list = []
 
-    def prefetch(self, layer, experts):
+    def prefetch(self, layer, experts, keep=()):
         self.requested += [(layer, e) for e in experts]
         return len(experts)
 

@@ -51,30 +51,91 @@ def test_lru_evicts_the_least_recently_used():
     assert p.transfers_per_token == pytest.approx(5 / 6)
 
 
-def test_a_perfect_prefetch_hides_transfers_behind_compute():
-    slow_compute = Costs(dense_s=10.0, expert_s=1.0, step_s=0.0, transfer_s=1.0)
+def test_the_oracle_reaches_the_bound_within_the_pipeline_start_when_copies_fit_compute():
+    # every layer's two misses take 6 s of link, its compute 12 s: perfect prediction hides them
+    # all but the very first layer's (nothing predicts the first token's first layer)
+    slow_compute = Costs(dense_s=10.0, expert_s=1.0, step_s=0.0, transfer_s=3.0, chunk_s=1.0)
     steps = [[[2 * s % 16, (2 * s + 1) % 16], [(2 * s + 8) % 16, (2 * s + 9) % 16]] for s in range(6)]
-    trace = trace_of(steps, predicted=[[None, step[1]] for step in steps])
-    on_demand = simulate(trace, slow_compute, capacity=8, mode="on-demand")
-    preserving = simulate(trace, slow_compute, capacity=8, mode="router-preserving")
+    trace = trace_of(steps)
     oracle = simulate(trace, slow_compute, capacity=8, mode="oracle")
-    resident = simulate(trace, slow_compute, capacity=8, mode="resident")
-    # layer 1's experts are prefetched during layer 0; only layer 0 (never predicted) waits
-    assert preserving.tpot_s == pytest.approx(oracle.tpot_s)
-    assert preserving.exposed_transfer_s == pytest.approx(on_demand.exposed_transfer_s / 2)
-    assert resident.tpot_s < preserving.tpot_s < on_demand.tpot_s
+    bound = overlap_bound(trace, slow_compute, capacity=8)
+    pipeline_start = 2 * 3.0 / len(steps)  # the first layer's copies, once per trace
+    assert bound <= oracle.tpot_s <= bound + pipeline_start
+    on_demand = simulate(trace, slow_compute, capacity=8, mode="on-demand")
+    assert gap_closed(on_demand.tpot_s, oracle.tpot_s, bound) > 0.8
 
 
-def test_a_demand_load_overtakes_queued_prefetches():
-    # Layer 0 prefetches 4 wrong experts for layer 1 (window off); layer 1's demand loads must
-    # wait only for the copy already on the link, not the whole queue.
-    costs = Costs(dense_s=0.0, expert_s=0.0, step_s=0.0, transfer_s=1.0)
-    trace = trace_of([[[0], [1]]], top_k=1, predicted=[[None, [5, 6, 7, 8]]])
-    p = simulate(trace, costs, capacity=8, mode="router-preserving", budget=4, window=False)
-    # t=0: layer 0's demand for 0 starts (lands 1), then prefetches 5, 6, 7, 8 queue behind it;
-    # at t=1 expert 0 computes and prefetch 5 starts; layer 1's demand for 1 (t=1) overtakes
-    # 6, 7 and 8 but waits for 5 on the link: lands at 3.
-    assert p.tpot_s == pytest.approx(3.0)
+def test_the_first_layer_is_prefetched_from_the_previous_token():
+    # one sparse layer: its prediction for the next token goes on the link behind this token's loads
+    trace = trace_of([[[0, 1]], [[2, 3]]], predicted=[[None], [[2, 3]]])
+    on_demand = simulate(trace, COSTS, capacity=4, mode="on-demand")
+    preserving = simulate(trace, COSTS, capacity=4, mode="router-preserving")
+    # step 0 ends at 9.5 with 2 landed at 10 and 3 moving until 13; step 1 routes at 10.5, 2
+    # computes at once, 3 at 13: 13.5, +2: 15.5; on demand step 1 waits until 13.5 and 16.5: 19
+    assert preserving.tpot_s == pytest.approx(15.5 / 2)
+    assert on_demand.tpot_s == pytest.approx(19.0 / 2)
+
+
+def test_a_wrong_prefetch_is_cancelled_at_its_router_and_gives_its_slot_back():
+    costs = Costs(dense_s=0.0, expert_s=0.0, step_s=0.0, transfer_s=1.0, chunk_s=0.01)
+    trace = trace_of([[[0], [1]], [[0], [1]]], top_k=1, predicted=[[None, [5]], [None, [1]]])
+    p = simulate(trace, costs, capacity=2, mode="router-preserving", window=False)
+    # t=0: demand 0 lands at 1, prefetch 5 starts there; layer 1 routes at 1 and picks 1: 5 stops
+    # after one chunk (1.01) and 1 lands at 2.01. 5's slot is free again, so 1 evicts nothing
+    # and step 1 hits both.
+    assert p.tpot_s == pytest.approx(2.01 / 2)
+    assert p.cancelled_per_token == 0.5 and p.hit_rate == 0.5
+
+
+def test_a_copy_landing_late_still_saves_the_part_done():
+    # layer 0 always hits; layer 1's next expert takes 1 s of link and only 0.6 s of compute
+    # separate the prediction from layer 1's router: the copy cannot land in time, but the rule
+    # sends it (it saves 0.6 s of its 1 s) and the router promotes it, so each step waits 0.4 s
+    costs = Costs(dense_s=0.5, expert_s=0.1, step_s=0.0, transfer_s=1.0, chunk_s=0.1)
+    steps = [[[0], [8 + s % 8]] for s in range(8)]
+    trace = trace_of(steps, top_k=1, predicted=[[None if s == 0 else [0], [8 + s % 8]] for s in range(8)])
+    preserving = simulate(trace, costs, capacity=4, mode="router-preserving")
+    on_demand = simulate(trace, costs, capacity=4, mode="on-demand")
+    # step 0 also waits 1 s for layer 0's first copy
+    assert preserving.exposed_transfer_s == pytest.approx((1.0 + 8 * 0.4) / 8)
+    assert on_demand.exposed_transfer_s == pytest.approx((1.0 + 8 * 1.0) / 8)
+
+
+def test_an_unused_prefetch_is_evicted_before_any_used_expert():
+    costs = Costs(dense_s=5.0, expert_s=0.5, step_s=0.0, transfer_s=1.0)
+    # step 0 prefetches 2 for layer 1 (wrong, landed before its router: it stays, unused);
+    # step 1's expert 3 then evicts it, not expert 0, which step 2 uses again
+    trace = trace_of([[[0], [1]], [[3], [1]], [[0], [1]]], top_k=1, predicted=[[None, [2]], [None, [1]], [None, [1]]])
+    p = simulate(trace, costs, capacity=3, mode="router-preserving")
+    assert p.hit_rate == pytest.approx(3 / 6)
+
+
+def test_the_eviction_policy_is_the_engines():
+    # four layers cycled through a cache of six: LRU evicts each layer's experts just before
+    # they come round again; least-stale keeps the layers about to run
+    trace = trace_of([[[0, 1], [2, 3], [4, 5], [6, 7]]] * 6)
+    lru = simulate(trace, COSTS, capacity=6, mode="on-demand")
+    least_stale = simulate(trace, COSTS, capacity=6, mode="on-demand", policy="least-stale")
+    assert lru.hit_rate == 0.0 and least_stale.hit_rate > 0.3
+    # 'predicted' is least-stale wherever no prediction is pending, as in on-demand
+    assert simulate(trace, COSTS, capacity=6, mode="on-demand", policy="predicted").hit_rate == least_stale.hit_rate
+    assert overlap_bound(trace, COSTS, 6, policy="least-stale") < overlap_bound(trace, COSTS, 6)
+
+
+@pytest.mark.parametrize("costs", [Costs(dense_s=1.0, expert_s=0.1, step_s=1.0, transfer_s=2.0),
+                                   Costs(dense_s=1.0, expert_s=0.2, step_s=1.0, transfer_s=0.7),
+                                   Costs(dense_s=2.0, expert_s=0.5, step_s=1.0, transfer_s=0.5)],
+                         ids=["link-bound", "balanced", "compute-bound"])
+@pytest.mark.parametrize("capacity", [16, 64])
+def test_speculation_with_a_perfect_predictor_sends_everything_at_once(costs, capacity):
+    trace = synthetic_trace(experts=32, top_k=4, layers=6, steps=24, reuse=0.4, recall=1.0, seed=0)
+    on_demand = simulate(trace, costs, capacity, "on-demand").tpot_s
+    speculative = simulate(trace, costs, capacity, "speculative").tpot_s
+    bound = overlap_bound(trace, costs, capacity)
+    assert speculative <= on_demand
+    # every layer but the first executes what was sent a layer ahead, with no window test (the
+    # first goes through the scheduler's rule, which sends nothing once the link is behind)
+    assert gap_closed(on_demand, speculative, bound, min_gap=0.0) >= 0.8
 
 
 def test_speculation_executes_the_prediction_from_the_second_layer():

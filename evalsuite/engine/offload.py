@@ -268,17 +268,18 @@ class Engine:
     def _stored_views(self, experts, layer: int, expert: int) -> dict[str, torch.Tensor]:
         return self.layout.views(self.store.read((layer, expert)).to(self.device))
 
-    def prefetch(self, layer: int, experts, demand: bool = False) -> int:
+    def prefetch(self, layer: int, experts, demand: bool = False, keep=()) -> int:
         """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
         transfers started. Resident experts are skipped; a slot is taken only if one can be
         freed without touching pinned or in-flight experts. A prefetched expert waits at the
         cache's eviction end until a use confirms it. Prefetching never changes outputs.
-        `demand`: the copies queue with demand loads (experts that will certainly execute)."""
+        `demand`: the copies queue with demand loads (experts that will certainly execute).
+        `keep`: more experts of this layer not to evict (the prediction's resident candidates)."""
         if self.cache is None:
             return 0
         begun = time.perf_counter()
         counters, started = self.record.counters[layer], 0
-        keep = {(layer, int(e)) for e in experts}  # never evict one requested expert for another
+        keep = {(layer, int(e)) for e in [*experts, *keep]}  # never evict one candidate for another
         for e in experts:
             key = (layer, int(e))
             if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep, prefetch=True):
@@ -299,6 +300,13 @@ class Engine:
         self._prefetch_n += prefetches
         if self._prefetch_n:
             self.prefetch_cost_s = self._prefetch_s / self._prefetch_n
+
+    def miss_rate(self, layer: int) -> float:
+        """Share of sparse layer `layer`'s expert uses so far that would have missed without prefetching:
+        misses, and hits on experts a prefetch brought (1 before any use)."""
+        counters = self.record.counters[layer]
+        missed = counters.misses + counters.prefetch_used
+        return missed / counters.expert_uses if counters.expert_uses else 1.0
 
     def has_prefetches(self) -> bool:
         """Whether any prefetched expert is still unused (settle_prefetches has something to do)."""

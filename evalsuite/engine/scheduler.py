@@ -68,7 +68,11 @@ class PrefetchScheduler:
         if not self.engine.decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
-        now, stalled = time.perf_counter(), sum(c.stall_s for c in self.engine.record.counters.values())
+        self.layer_at(pos, time.perf_counter(), sum(c.stall_s for c in self.engine.record.counters.values()))
+
+    def layer_at(self, pos: int, now: float, stalled: float) -> None:
+        """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far
+        (the engine's clock and counters, or the simulator's)."""
         if self._last is not None and self._last[0] == pos - 1:
             self.layer_s = self._ema(self.layer_s, max(0.0, now - self._last[1] - max(0.0, stalled - self._last[2])))
         self._last = (pos, now, stalled)
@@ -93,8 +97,7 @@ class PrefetchScheduler:
         self._asked[layer] = self._asked.get(layer, 0) + 1
         if self._asked[layer] % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
-        counters = engine.record.counters[layer]
-        miss = counters.misses / counters.expert_uses if counters.expert_uses else 1.0
+        miss = engine.miss_rate(layer)
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
         ahead, gain = engine.transfers.prefetches_queued(), 0.0
         for rank, p in enumerate(self.precision(layer)):
@@ -122,10 +125,11 @@ class PrefetchScheduler:
         `ranked`); returns transfers started."""
         engine = self.engine
         layer = engine.layers[target_pos].index
-        missing = [(rank, e) for rank, e in enumerate(candidates[: self.budget]) if not engine.cache.resident((layer, e))]
+        candidates = candidates[: self.budget]
+        missing = [(rank, e) for rank, e in enumerate(candidates) if not engine.cache.resident((layer, e))]
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
-            return engine.prefetch(layer, [e for _, e in missing])
+            return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)  # what a wrong guess costs
         precision, ahead = self.precision(layer), engine.transfers.prefetches_queued()
         wanted = []
@@ -134,4 +138,4 @@ class PrefetchScheduler:
             saved = min(t, max(0.0, self.layer_s * h - (ahead + len(wanted)) * t))
             if p * saved > (1 - p) * wrong_s:
                 wanted.append(e)
-        return engine.prefetch(layer, wanted)  # in one call, so no candidate evicts another
+        return engine.prefetch(layer, wanted, keep=candidates)  # in one call: no candidate evicts another

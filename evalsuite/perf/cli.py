@@ -115,9 +115,9 @@ def cmd_simulate(args) -> int:
     for spec in _list(args.profile):
         profile = load_profile(spec)
         for capacity in [float(c) for c in _list(args.capacity)]:
-            rows = project(fitted, shape, profile, capacity, predictor)
+            rows = project(fitted, shape, profile, capacity, predictor, policy=args.cache_policy)
             title = (f"\n{name} on {profile.name}, cache {capacity:g} of experts "
-                     f"({rows[0]['cache_experts']}), predictor {predictor}; {origin}")
+                     f"({rows[0]['cache_experts']}, {args.cache_policy}), predictor {predictor}; {origin}")
             print(format_projection(rows, title))
             everything.append({"model": name, "profile": profile.name, "capacity": capacity, "rows": rows})
     if args.json:
@@ -126,6 +126,7 @@ def cmd_simulate(args) -> int:
 
 
 def add_commands(sub) -> None:
+    from ..engine.eviction import POLICIES
     from .profiles import profile_names
     from .shapes import MODELS
 
@@ -153,6 +154,7 @@ def add_commands(sub) -> None:
                    help=f"comma-separated: {', '.join(profile_names())}, or YAML files")
     s.add_argument("--capacity", default="0.25", help="comma-separated fractions of all experts")
     s.add_argument("--predictor", help="predictor whose cost to charge (default: the trace's)")
+    s.add_argument("--cache-policy", default="lru", choices=POLICIES, help="the engine's eviction policy")
     s.add_argument("--reuse", type=float, help="temporal reuse for a synthetic trace (default: the trace's)")
     s.add_argument("--recall", type=float, help="predictor recall for a synthetic trace (default: the trace's)")
     s.add_argument("--steps", type=int, default=64, help="decode steps of a synthetic trace")

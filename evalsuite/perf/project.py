@@ -36,9 +36,10 @@ def fit_trace(trace: RoutingTrace | None, shape: ModelShape, steps: int = 64, re
 
 
 def project(trace: RoutingTrace, shape: ModelShape | None, profile: Profile, capacity: float,
-            predictor: str | None, modes=PROJECTED_MODES) -> list[dict]:
-    """One row per mode (plus the overlap bound): TPOT and its breakdown, in milliseconds.
-    Without a shape the trace is its own model, and the profile must hold measured costs."""
+            predictor: str | None, modes=PROJECTED_MODES, policy: str = "lru") -> list[dict]:
+    """One row per mode (plus the overlap bound): TPOT and its breakdown, in milliseconds, with
+    the engine's eviction `policy`. Without a shape the trace is its own model, and the profile
+    must hold measured costs."""
     if shape is None and profile.measured is None:
         raise ValueError("a hardware profile with rates needs a model shape (--model); "
                          "only a measured profile can replay a trace of its own model")
@@ -49,11 +50,11 @@ def project(trace: RoutingTrace, shape: ModelShape | None, profile: Profile, cap
     for mode in modes:
         c = replace(base, predictor_s=0.0) if mode in ("resident", "on-demand", "oracle") else \
             costs(profile, shape, predictor, mode)
-        p = simulate(trace, c, slots, mode)
+        p = simulate(trace, c, slots, mode, policy=policy)
         on_demand = p.tpot_s if mode == "on-demand" else on_demand
         rows.append({"mode": mode, "predictor": None if mode in ("resident", "on-demand") else
                      ("perfect" if mode == "oracle" else predictor), **_ms(p.as_dict())})
-    bound = overlap_bound(trace, replace(base, predictor_s=0.0), slots)
+    bound = overlap_bound(trace, replace(base, predictor_s=0.0), slots, policy)
     rows.append({"mode": "overlap bound", "predictor": "perfect", "tpot_ms": bound * 1e3})
     for row in rows:
         row["cache_experts"] = slots
@@ -70,11 +71,12 @@ def _ms(d: dict) -> dict:
 
 def format_projection(rows: list[dict], title: str) -> str:
     lines = [title, f"{'mode':<20}{'predictor':<11}{'TPOT ms':>10}{'compute':>9}{'exposed':>9}{'predict':>9}"
-                    f"{'hit':>7}{'vs on-demand':>14}{'gap closed':>12}"]
+                    f"{'hit':>7}{'copies':>8}{'vs on-demand':>14}{'gap closed':>12}"]
     for r in rows:
         cells = "".join(f"{r[k]:>9.2f}" if r.get(k) is not None else f"{'':>9}"
                         for k in ("compute_ms", "exposed_transfer_ms", "predictor_ms"))
         hit = f"{r['hit_rate']:>7.3f}" if r.get("hit_rate") is not None else f"{'':>7}"
+        hit += f"{r['transfers_per_token']:>8.1f}" if r.get("transfers_per_token") is not None else f"{'':>8}"
         vs = f"{r['vs_on_demand']:>+14.1%}" if r.get("vs_on_demand") is not None else f"{'':>14}"
         gap = f"{r['gap_closed']:>12.2f}" if r.get("gap_closed") is not None else f"{'':>12}"
         lines.append(f"{r['mode']:<20}{str(r['predictor'] or '-'):<11}{r['tpot_ms']:>10.2f}{cells}{hit}{vs}{gap}")

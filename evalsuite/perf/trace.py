@@ -7,8 +7,10 @@ so any run's routing can be replayed by `evalsuite simulate` against other hardw
 
 native     the layer's own router's top-k (what a router-preserving run executes)
 executed   the experts the layer actually ran (differs from native under speculation)
-predicted  the prediction made one sparse layer earlier, ranked by confidence (the
-           prefetch candidates); None for the first sparse layer or without a predictor
+predicted  the prediction made for this layer, ranked by confidence (the prefetch
+           candidates): one sparse layer earlier, or for the first sparse layer at the previous
+           decode step's last one (across the token boundary); None where none was made (a
+           request's first decode step at the first sparse layer, a run without a predictor)
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
 
 
 @dataclass
@@ -37,8 +41,9 @@ class RoutingTrace:
     prefills: list = field(default_factory=list)
 
     def save(self, path) -> None:
-        data = {"layers": self.layers, "experts": self.experts, "top_k": self.top_k, "meta": self.meta,
-                "steps": [[asdict(r) for r in step] for step in self.steps], "prefills": self.prefills}
+        data = {"version": VERSION, "layers": self.layers, "experts": self.experts, "top_k": self.top_k,
+                "meta": self.meta, "steps": [[asdict(r) for r in step] for step in self.steps],
+                "prefills": self.prefills}
         Path(path).write_text(json.dumps(data))
 
     @classmethod
@@ -46,11 +51,22 @@ class RoutingTrace:
         try:
             data = json.loads(Path(path).read_text())
             steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
-            return cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
-                       [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
+            trace = cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
+                        [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
                              "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
+        if data.get("version", 1) < 2:
+            trace._first_layer_one_step_later()
+        return trace
+
+    def _first_layer_one_step_later(self) -> None:
+        """Version 1 stored the first sparse layer's cross-token prediction on the step that made
+        it; it is for the next step of the same request."""
+        starts = {start for start, _ in self.prefills}
+        for index in range(len(self.steps) - 1, -1, -1):
+            earlier = self.steps[index - 1][0].predicted if index > 0 and index not in starts else None
+            self.steps[index][0].predicted = earlier
 
     def recall(self) -> float | None:
         """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
@@ -72,11 +88,15 @@ class TraceRecorder:
         self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
         self._step: dict[int, LayerRouting] | None = None
         self._prefill: dict[int, list[int]] | None = None
+        self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
 
     def forward_started(self, decoding: bool, rows: int) -> None:
         self._flush()
         self._step = {} if decoding and rows == 1 else None
         self._prefill = {} if not decoding and rows == 1 else None
+        if self._step is not None:
+            self._step.update({layer: LayerRouting([], None, ranked) for layer, ranked in self._next.items()})
+        self._next = {}
 
     def native(self, layer: int, ids) -> None:
         if self._step is not None:
@@ -91,8 +111,13 @@ class TraceRecorder:
 
     def predicted(self, layer: int, ranked) -> None:
         """`ranked`: the candidates, or a function giving them once the trace is read."""
-        if self._step is not None:
-            self._step.setdefault(layer, LayerRouting([])).predicted = ranked if callable(ranked) else list(ranked)
+        if self._step is None:
+            return
+        ranked = ranked if callable(ranked) else list(ranked)
+        if self._step.get(layer, LayerRouting([])).native:  # it routed already: this is for the next token
+            self._next[layer] = ranked
+        else:
+            self._step.setdefault(layer, LayerRouting([])).predicted = ranked
 
     def _flush(self) -> None:
         if self._step and len(self._step) == len(self.trace.layers):
@@ -118,7 +143,8 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
     rest uniformly; the prediction contains each native expert with probability `recall`
     and fills up with wrong guesses, which repeat the layer's previous wrong guesses with
     probability `reuse` (a predictor's mistakes are as sticky as the routing) and are drawn
-    uniformly otherwise. Use the reuse and recall measured on a recorded trace
+    uniformly otherwise. Every layer is predicted but the first step's first one, as the engine
+    does (the first sparse layer across the token boundary). Use the reuse and recall measured on a recorded trace
     (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
     """
     rng = random.Random(seed)
@@ -133,7 +159,7 @@ def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: fl
             rest = [e for e in range(experts) if e not in kept]
             native = sorted(kept + rng.sample(rest, top_k - len(kept)))
             predicted = None
-            if pos > 0:
+            if pos > 0 or trace.steps:  # the first layer is predicted from the previous step
                 hit = [e for e in native if rng.random() < recall]
                 sticky = [e for e in wrong_before[pos] if e not in native and rng.random() < reuse]
                 wrong = sticky[: top_k - len(hit)]

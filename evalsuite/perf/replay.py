@@ -1,0 +1,255 @@
+"""The engine's decode loop replayed in simulated time, with the engine's own cache and scheduler.
+
+What runs is evalsuite.engine's: ExpertCache (pools, pinning, the eviction policies, unused
+prefetches at the eviction end) and PrefetchScheduler (per-rank online precision, the
+expected-saving rule, decode-only layer time without stalls), driven by this simulated clock
+instead of the wall clock. What this file models is the control flow around them, step for step
+as Engine.weights_in_order / prefetch / settle_prefetches and PredictionDriver.on_router /
+release_prefetch run it, over a SerialLink (evalsuite.perf.link) instead of the transfer
+worker. The replay is the engine object the scheduler talks to: `layers`, `cache`,
+`transfers`, `layout`, `prefetch`.
+"""
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import torch
+
+from ..engine.cache import ExpertCache
+from ..engine.scheduler import PrefetchScheduler
+from .link import SerialLink
+
+SPECULATIVE = ("speculative", "hybrid")
+
+
+def speculates(mode: str, pos: int) -> bool:
+    """Whether sparse layer `pos` of a decode step executes its prediction (from the second one on)."""
+    return mode in SPECULATIVE and pos > 0
+
+
+def executed_experts(mode: str, pos: int, routing, top_k: int) -> list[int]:
+    """The experts a layer runs: the predicted top-k where it speculates, else the native ones."""
+    if speculates(mode, pos) and routing.predicted:
+        return sorted(routing.predicted[:top_k])
+    return list(routing.native)
+
+
+class _LinkView:
+    """The TransferEngine calls PrefetchScheduler makes, answered by the simulated link at the
+    replay's time. Sizes are in link seconds: chunk_bytes / layout.nbytes is a chunk's share of a copy."""
+
+    def __init__(self, replay: "Replay"):
+        self.replay = replay
+        self.chunk_bytes = replay.link.chunk_s
+
+    def pending(self) -> int:
+        return self.replay.link.pending(self.replay.t)
+
+    def prefetches_queued(self) -> int:
+        return self.replay.link.prefetches_queued(self.replay.t)
+
+    def seconds_per_transfer(self) -> float | None:
+        return self.replay.link.seconds_per_transfer()
+
+
+class Replay:
+    def __init__(self, trace, costs, capacity: int, mode: str, budget: int, window: bool, policy: str):
+        self.trace, self.costs, self.mode = trace, costs, mode
+        self.predicting = mode in ("router-preserving", "speculative", "hybrid", "oracle")
+        self.layers = [SimpleNamespace(index=layer) for layer in trace.layers]
+        self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy)
+        self.link = SerialLink(costs.transfer_s, costs.chunk_s)
+        self.transfers = _LinkView(self)
+        self.layout = SimpleNamespace(nbytes=costs.transfer_s)
+        self.budget = budget
+        self.prefetch_cost_s = costs.miss_s  # compute-thread seconds per prefetch, as Engine.prefetch_cost_s
+        self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
+        self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
+        self.compute = self.waited = self.predict = 0.0
+        self.uses = self.hits = self.copies = self.cancelled = 0
+        self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
+        self._layer_uses: dict = {}  # layer -> (uses, misses), for miss_rate
+        self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
+        self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
+
+    # ---- one decode step -------------------------------------------------------------------
+    def run(self) -> None:
+        prefills = dict(self.trace.prefills)
+        steps = self.trace.steps
+        for index, step in enumerate(steps):
+            if index == 0 or index in prefills:  # a new request: its prefill starts clean
+                self._new_request(prefills.get(index))
+            self._spend(self.costs.predictor_step_s if self.predicting else 0.0, "predict")
+            following = steps[index + 1] if index + 1 < len(steps) and index + 1 not in prefills else None
+            for pos, routing in enumerate(step):
+                self._layer(pos, routing, step, following)
+            self._spend(self.costs.step_s)
+
+    def _new_request(self, prefill) -> None:
+        self.pending, self.deferred = {}, None
+        if self.scheduler is not None:
+            self.scheduler.new_request()
+        if prefill is None or self.mode == "resident":
+            return
+        drained = max([self.t] + [self.link.finish(c) for c in list(self.cache.transfers.values())
+                                  if not c.done.is_set() and not c.cancelled])
+        self.excluded += drained - self.t  # the link finished its copies during the prefill
+        self.t = drained
+        self.link.advance(self.t)
+        for layer, experts in zip(self.trace.layers, prefill):  # what the prefill leaves in the cache
+            self._warm(layer, experts)
+
+    def _warm(self, layer: int, experts) -> None:
+        keys = [(layer, e) for e in experts]
+        for key in keys:
+            if not self.cache.resident(key):
+                self.cache.place(key, protect=set(keys))
+            self.cache.pin(key)
+            self.cache.unpin(key)
+
+    def _layer(self, pos: int, routing, step, following) -> None:
+        layer = self.trace.layers[pos]
+        self._spend(self.costs.dense_s)  # up to the router
+        predicted = self.pending.pop(pos, None)
+        if self.scheduler is not None:
+            self.scheduler.layer_at(pos, self.t, self.waited)
+            if predicted is not None:
+                self.scheduler.observe(layer, predicted, set(routing.native))
+        executed = executed_experts(self.mode if predicted is not None else "on-demand", pos, routing,
+                                    self.trace.top_k)
+        if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
+            self._settle_prefetches(layer, set(executed))
+        if self.predicting:
+            self._predict(pos, step, following)
+        self._weights_in_order(layer, sorted(executed))
+
+    def _predict(self, pos: int, step, following) -> None:
+        target, routing = (pos + 1, step[pos + 1]) if pos + 1 < len(step) else (0, following and following[0])
+        if routing is None:  # the request's last token: nothing comes next
+            return
+        ranked = list(routing.native) if self.mode == "oracle" else routing.predicted
+        if not ranked:  # the trace holds no prediction for it (none was made)
+            return
+        if not self._speculates(target) and self.mode != "oracle" and self.cache.policy != "predicted" \
+                and not self.scheduler.worth_predicting(target, 1):
+            return  # PredictionDriver leaves it for after the request: no cost, no prefetch now
+        self._spend(self.costs.predictor_s, "predict")
+        self.scheduler.prediction_took(self.costs.predictor_s)
+        self.pending[target] = ranked[: self.budget]
+        self.deferred = (target, self.pending[target])
+
+    def _speculates(self, pos: int) -> bool:
+        return speculates(self.mode, pos)
+
+    # ---- Engine.weights_in_order -------------------------------------------------------------
+    def _weights_in_order(self, layer: int, needed: list[int]) -> None:
+        self.uses += len(needed)
+        if self.mode == "resident":
+            self.hits += len(needed)
+            self._spend(len(needed) * self.costs.expert_s)
+            return
+        if self.cache.policy == "predicted":
+            self.cache.predict({self.trace.layers[pos]: {e: float(len(r) - i) for i, e in enumerate(r)}
+                                for pos, r in self.pending.items()})
+        waiting = deque((layer, e) for e in needed)
+        protect, held = set(waiting), deque()
+        while waiting or held:
+            self.link.advance(self.t)
+            while waiting and (self.cache.resident(waiting[0]) or self.cache.can_place(layer, protect)):
+                key = waiting.popleft()
+                self._acquire(key, protect)
+                held.append(key)
+            if self.deferred is not None:  # this layer's demand loads are queued: prefetch behind them
+                self._release_prefetch()
+            if not held:  # every slot it could take is still being filled: wait for the oldest copy
+                in_flight = self.cache.in_flight(layer)
+                if not in_flight:
+                    raise RuntimeError(f"layer {layer}: no cache slot can be freed: every slot is pinned")
+                self._wait(in_flight[0][1])
+                continue
+            key = held.popleft()
+            self._ready(key)
+            self._spend(self.costs.expert_s + self.costs.lookup_s)
+            self.cache.unpin(key)
+
+    def miss_rate(self, layer: int) -> float:
+        """Engine.miss_rate: uses that would have missed without prefetching."""
+        uses, misses = self._layer_uses.get(layer, (0, 0))
+        return misses / uses if uses else 1.0
+
+    def _acquire(self, key, protect) -> None:
+        uses, misses = self._layer_uses.get(key[0], (0, 0))  # a prefetched expert's use would have missed
+        self._layer_uses[key[0]] = (uses + 1, misses + (not self.cache.resident(key) or key in self.prefetched))
+        if self.cache.resident(key):
+            self.hits += 1
+            self.prefetched.discard(key)
+        else:
+            _, evicted = self.cache.place(key, protect)
+            self.prefetched.discard(evicted)
+            self._submit(key, prefetch=False)
+        self.cache.pin(key)
+
+    def _ready(self, key) -> None:
+        copy = self.cache.transfers.get(key)
+        if copy is not None:
+            self.link.promote(copy, self.t)  # the compute waits for it: it goes before other prefetches
+            self._wait(copy)
+
+    def _wait(self, copy) -> None:
+        self.link.advance(self.t)
+        if copy.done.is_set():
+            return
+        ready = self.link.finish(copy) + self.costs.handoff_s
+        self.waited += ready - self.t
+        self.t = ready
+
+    # ---- prefetching: Engine.prefetch, settle_prefetches, PredictionDriver.release_prefetch -------
+    def _release_prefetch(self) -> None:
+        target, ranked = self.deferred
+        self.deferred = None
+        if self._speculates(target):  # it executes exactly these: all at once, at demand priority
+            self.prefetch(self.trace.layers[target], sorted(set(ranked[: self.trace.top_k])), demand=True)
+        else:
+            self.scheduler.schedule(target, ranked, 1)
+
+    def prefetch(self, layer: int, experts, demand: bool = False, keep=()) -> int:
+        """Engine.prefetch: what the scheduler (or a speculating layer) sends."""
+        self.link.advance(self.t)
+        keep = {(layer, int(e)) for e in [*experts, *keep]}
+        started = 0
+        for e in experts:
+            key = (layer, int(e))
+            if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep, prefetch=True):
+                continue
+            _, evicted = self.cache.place(key, exclude=keep, prefetch=True)
+            self.prefetched.discard(evicted)
+            self._submit(key, prefetch=not demand)
+            self.prefetched.add(key)
+            started += 1
+        return started
+
+    def _settle_prefetches(self, layer: int, confirmed: set) -> None:
+        self.link.advance(self.t)
+        for key in [k for k in self.prefetched if k[0] == layer]:
+            copy = self.cache.transfers.get(key)
+            if copy is None or copy.done.is_set():
+                continue  # landed: it stays at the eviction end, maybe used later
+            if key[1] in confirmed:
+                self.link.promote(copy, self.t)
+            elif not self.cache.pins.get(key) and self.link.cancel(copy, self.t):
+                self.cache.withdraw(key, copy.untouched)
+                self.prefetched.discard(key)
+                self.cancelled += 1
+
+    def _submit(self, key, prefetch: bool) -> None:
+        self.cache.transfers[key] = self.link.submit(key, self.t, prefetch)
+        self.copies += 1
+        self._spend(self.costs.miss_s)
+
+    def _spend(self, seconds: float, kind: str = "compute") -> None:
+        self.t += seconds
+        if kind == "predict":
+            self.predict += seconds
+        else:
+            self.compute += seconds
