@@ -1,0 +1,198 @@
+"""How a sparse layer's experts reach their cache slots: demand loads in the eager kernel's order,
+prefetches ahead of need, and settling those at the router (cancel the unpicked, promote the picked).
+
+`ExpertFetching` holds the Engine's methods for this (the Engine is the one class that mixes it in):
+they read the engine's cache, transfers, record and driver.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from ..metrics import Counters
+from .transfer import TransferError
+
+
+class ExpertFetching:
+    """Engine methods: weights_in_order (the hot path), prefetch, settle_prefetches, and their helpers."""
+
+    def weights_in_order(self, layer: int, experts, needed: list[int]):
+        """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
+        counters = self.record.counters[layer]
+        if self.tracer is not None and not self.shadow:
+            self.tracer.executed(layer, needed)
+        self.hit_of = {}
+        if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
+            for e in needed:
+                yield e, self._stored_views(experts, layer, e)
+            return
+        if self.driver is not None and self.cache.policy == "predicted":
+            self._share_predictions()
+        waiting = deque((layer, e) for e in needed)
+        protect = set(waiting)
+        held: deque = deque()
+        try:
+            while waiting or held:
+                while waiting and (self.cache.resident(waiting[0]) or self.cache.can_place(layer, protect)):
+                    key = waiting.popleft()
+                    self._acquire(key, protect, counters)
+                    held.append(key)
+                if self.driver is not None:  # this layer's demand loads are queued: prefetch behind them
+                    self.driver.release_prefetch()
+                if not held:  # every slot it could take is still being filled: wait for one
+                    self._await_slot(layer, waiting[0], counters)
+                    continue
+                key = held[0]  # stays held (and pinned) until computed, even if the wait raises
+                yield key[1], self._ready_views(key, counters)
+                held.popleft()
+                self.cache.unpin(key)
+        finally:  # an exception mid-layer must not leave slots pinned
+            for key in held:
+                self.cache.unpin(key)
+
+    def _stored_views(self, experts, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        return self.layout.views(self.store.read((layer, expert)).to(self.device))
+
+    def prefetch(self, layer: int, experts, demand: bool = False, keep=()) -> int:
+        """Start copying `experts` of sparse layer `layer` now, ahead of need; returns how many
+        transfers started. Resident experts are skipped; a slot is taken only if one can be
+        freed without touching pinned or in-flight experts. A prefetched expert waits at the
+        cache's eviction end until a use confirms it. Prefetching never changes outputs.
+        `demand`: the copies queue with demand loads (experts that will certainly execute).
+        `keep`: more experts of this layer not to evict (the prediction's resident candidates)."""
+        if self.cache is None:
+            return 0
+        begun = time.perf_counter()
+        counters, started = self.record.counters[layer], 0
+        keep = {(layer, int(e)) for e in [*experts, *keep]}  # never evict one candidate for another
+        for e in experts:
+            key = (layer, int(e))
+            if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep, prefetch=True):
+                continue
+            slot, evicted = self.cache.place(key, exclude=keep, prefetch=True)
+            self._evicted(evicted)
+            self._submit(key, slot, counters, prefetch=not demand)
+            self._prefetched.add(key)
+            counters.prefetches += 1
+            started += 1
+        self._prefetch_work(time.perf_counter() - begun, started)
+        return started
+
+    def _prefetch_work(self, seconds: float, prefetches: int) -> None:
+        """Compute-thread time spent issuing, cancelling and promoting prefetches, per prefetch
+        issued (`prefetch_cost_s`, what the scheduler weighs a wrong guess by besides link time)."""
+        self._prefetch_s += seconds
+        self._prefetch_n += prefetches
+        if self._prefetch_n:
+            self.prefetch_cost_s = self._prefetch_s / self._prefetch_n
+
+    def miss_rate(self, layer: int) -> float:
+        """Share of sparse layer `layer`'s expert uses so far that would have missed without prefetching:
+        misses, and hits on experts a prefetch brought (1 before any use)."""
+        counters = self.record.counters[layer]
+        missed = counters.misses + counters.prefetch_used
+        return missed / counters.expert_uses if counters.expert_uses else 1.0
+
+    def has_prefetches(self) -> bool:
+        """Whether any prefetched expert is still unused (settle_prefetches has something to do)."""
+        return bool(self._prefetched)
+
+    def settle_prefetches(self, layer: int, confirmed) -> int:
+        """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
+        are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot
+        goes back to the pool, or, if no chunk of it was written, to the expert it evicted), and the picked ones
+        still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
+        how many were cancelled."""
+        if self.cache is None or not self._prefetched:
+            return 0
+        begun = time.perf_counter()
+        counters, cancelled = self.record.counters[layer], 0
+        for key in [k for k in self._prefetched if k[0] == layer]:
+            transfer = self.cache.transfers.get(key)
+            if transfer is None or transfer.done.is_set():
+                continue  # landed: it stays at the eviction end, free to evict, maybe used later
+            if key[1] in confirmed:
+                self.transfers.promote(transfer)
+            elif not self.cache.pins.get(key) and self.transfers.cancel(transfer):
+                if self.cache.withdraw(key, transfer.untouched) is not None:
+                    counters.victims_restored += 1
+                self._prefetched.discard(key)
+                counters.prefetch_cancelled += 1
+                cancelled += 1
+        self._prefetch_work(time.perf_counter() - begun, 0)
+        return cancelled
+
+    def _submit(self, key, slot: int, counters: Counters, prefetch: bool = False) -> None:
+        transfer = self.transfers.submit(key, self.cache.slots[slot], prefetch)
+        self.cache.transfers[key] = transfer
+        counters.bytes_transferred += transfer.nbytes
+
+    def _acquire(self, key, protect, counters: Counters) -> None:
+        counters.expert_uses += 1
+        if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
+            self.cache.forget(key)
+        if self.kinds is not None:  # which experts hit, for hit rate by token kind
+            self.hit_of[key[1]] = self.cache.resident(key)
+        if self.cache.resident(key):
+            counters.hits += 1
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                counters.prefetch_used += 1
+        else:
+            counters.misses += 1
+            slot, evicted = self.cache.place(key, protect)
+            self._evicted(evicted)
+            self._submit(key, slot, counters)
+        self.cache.pin(key)
+
+    def _evicted(self, key) -> None:
+        if key in self._prefetched:  # a prefetch that was never used
+            self._prefetched.discard(key)
+            self.record.counters[key[0]].prefetch_wasted += 1
+
+    def _await_slot(self, layer: int, key, counters: Counters) -> None:
+        """No slot `key` could take is free, pinned ones aside: each holds a copy still in flight
+        (prefetches for this layer's pool). Wait for the oldest to land; then it can be evicted."""
+        in_flight = self.cache.in_flight(layer)
+        if not in_flight:
+            raise RuntimeError(f"layer {layer}: no cache slot can be freed for {key}: every slot is pinned")
+        busy, transfer = in_flight[0]
+        try:
+            counters.stall_s += transfer.wait(self.timeout_s)
+        except TransferError:
+            if not self.cache.failed(busy):  # late, not failed: it may still land, so the slot stays taken
+                raise
+            self.cache.forget(busy)  # it will never land: its slot is free again
+            self._evicted(busy)
+
+    def _share_predictions(self) -> None:
+        """cache_policy 'predicted': give the cache the candidates of the predictor's latest
+        predictions for the layers still to come (the driver's pending ones): the `budget` experts
+        it is most confident in, as the prefetch scheduler ranks them, with their confidence."""
+        pending = self.driver.pending  # target position -> (router scores, ranked candidates), until that layer runs
+        if pending.keys() == self._shared.keys() and all(pending[p] is s for p, (s, _) in self._shared.items()):
+            return
+        self._shared = {pos: (made, _candidates(made[0], self.budget)) for pos, made in pending.items()}
+        self.cache.predict({self.layers[pos].index: named for pos, (_, named) in self._shared.items()})
+
+    def _ready_views(self, key, counters: Counters) -> dict[str, torch.Tensor]:
+        """The expert's weights in its slot, once its copy is usable here (see Transfer.wait)."""
+        transfer = self.cache.transfers.get(key)
+        if transfer is not None:
+            self.transfers.promote(transfer)  # a prefetch the compute now waits for goes before other prefetches
+            try:
+                counters.stall_s += transfer.wait(self.timeout_s)
+            except TransferError:
+                if self.cache.failed(key):  # a timed-out copy may still land; a failed one never will
+                    self.cache.forget(key)
+                raise
+        return self.layout.views(self.cache.slots[self.cache.slot_of[key]])
+
+
+def _candidates(scores: torch.Tensor, budget: int) -> dict[int, float]:
+    """{expert: confidence} of the `budget` most likely experts (confidence: probability summed over tokens)."""
+    confidence = torch.softmax(scores.float(), dim=-1).sum(dim=0)
+    top = confidence.topk(min(budget, confidence.numel()))
+    return dict(zip(top.indices.tolist(), top.values.tolist()))
