@@ -70,8 +70,8 @@ sweep: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/evalsuite bench --models models/tiny-qwen3-moe --links pcie4,ufs4,sdcard --capacities 0.1,0.25,0.5 --tokens 32 \
 		--out results/bench/tiny
-	$(BIN)/evalsuite bench --models qwen3-30b-a3b --links pcie4,sdcard --capacities 0.25 --tokens 8 \
-		--out results/bench/qwen3-30b-a3b
+	$(BIN)/evalsuite bench --models qwen3-30b-a3b --layers 8 --prompt-tokens 4 --links pcie4,sdcard --capacities 0.25 \
+		--predictors gate,trace-oracle,oracle --tokens 8 --repeats 3 --out results/bench/qwen3-30b-a3b
 
 # The shipped models from seed 0: the two text models in parallel (one thread each), then the
 # vision-language one; --resume continues a cut-off run.

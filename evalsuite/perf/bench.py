@@ -71,7 +71,7 @@ def cases(predictors, hybrid: bool) -> list[Case]:
     return out
 
 
-def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = None):
+def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = None, prompt_tokens: int = 16):
     """A shipped model directory, `tiny:<type>`, or a real model's name (random weights, real shapes).
 
     A real model's shape is written to a checkpoint under `workdir` and loaded without its experts
@@ -86,11 +86,11 @@ def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = 
         path = str(Path(workdir or ".") / "checkpoint")
         random_model(spec, layers).save_pretrained(path)
         model = load_skeleton(path, torch.bfloat16, device)
-        ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
         return model, ids.to(device), None
     model, tokenizer = load_model(spec, device=device)
     if tokenizer is None:
-        ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
     else:
         from ..zoo.corpus import heldout_items
 
@@ -369,10 +369,10 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
 
 
 def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",
-                artifact=None, progress=True) -> dict:
+                artifact=None, progress=True, prompt_tokens=16) -> dict:
     """Everything `evalsuite bench` reports for one model, as a JSON-ready dict."""
     with tempfile.TemporaryDirectory(prefix="evalsuite-bench-") as workdir:
-        model, ids, _ = load_bench_model(spec, layers, device, workdir)
+        model, ids, _ = load_bench_model(spec, layers, device, workdir, prompt_tokens)
         return _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress)
 
 

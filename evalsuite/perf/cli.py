@@ -69,7 +69,7 @@ def cmd_bench(args) -> int:
             print(f"{spec}: {', '.join(dropped)} need a calibrated model with a tokenizer; left out")
             predictors = [p for p in predictors if p not in dropped]
         result = bench_model(spec, links, capacities, predictors, tokens=args.tokens, repeats=args.repeats,
-                             layers=args.layers, device=args.device, artifact=artifact)
+                             layers=args.layers, device=args.device, artifact=artifact, prompt_tokens=args.prompt_tokens)
         name = Path(spec).name.replace(":", "-")
         for cfg in result["configs"]:
             for case_label, trace in cfg.pop("traces").items():
@@ -135,10 +135,12 @@ def add_commands(sub) -> None:
                    help=f"model directories, tiny:<type>, or real shapes with random weights: {', '.join(MODELS)}")
     b.add_argument("--links", default="pcie4,ufs4,sdcard")
     b.add_argument("--capacities", default="0.1,0.25,0.5", help="fractions of all experts")
-    b.add_argument("--predictors", default="gate,quasi,adapter,estimator,oracle")
+    b.add_argument("--predictors", default="gate,quasi,adapter,estimator,trace-oracle,oracle")
     b.add_argument("--tokens", type=int, default=16, help="new tokens per request")
     b.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; medians are reported")
     b.add_argument("--layers", type=int, default=2, help="sparse layers of a real-shape random model")
+    b.add_argument("--prompt-tokens", type=int, default=16,
+                   help="prompt length of a random-weight model (random tokens; a trained model answers a task)")
     b.add_argument("--calibration-epochs", type=int, default=10)
     b.add_argument("--device", default="cpu")
     b.add_argument("--threads", type=int, default=1, help="torch threads for compute")
