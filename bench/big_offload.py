@@ -48,7 +48,7 @@ def generate(model, tokens: int) -> list[int]:
 
 
 def write(path: str, layers: int) -> None:
-    from evalsuite.arch.tiny import tiny_model
+    from evalsuite.zoo.tiny import tiny_model
 
     model = tiny_model("qwen3_moe", dtype=torch.bfloat16, num_hidden_layers=layers, **SHAPES)
     model.save_pretrained(path, max_shard_size="2GB")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import evalsuite
-from evalsuite.arch.tiny import tiny_model
+from evalsuite.zoo.tiny import tiny_model
 from evalsuite.perf.bench import bench_model, format_result
 from evalsuite.perf.shapes import random_model
 

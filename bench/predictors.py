@@ -13,7 +13,7 @@ import torch
 
 import evalsuite
 from evalsuite.generate import load_model
-from evalsuite.metrics import token_divergence
+from evalsuite.engine.metrics import token_divergence
 from evalsuite.predict.calibrate import calibrate, calibration_texts, token_batches
 from evalsuite.zoo.corpus import SKILLS, heldout_items
 

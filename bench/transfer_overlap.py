@@ -18,8 +18,8 @@ import time
 import torch
 
 import evalsuite
-from evalsuite.arch import sparse_layers
-from evalsuite.arch.tiny import tiny_model
+from evalsuite.engine.arch import sparse_layers
+from evalsuite.zoo.tiny import tiny_model
 from evalsuite.engine.transfer import LINKS, TransferEngine, parse_link
 
 

@@ -6,6 +6,7 @@
     engine.stats()
 """
 from .engine import MODES, Engine, offload
+from . import predict  # noqa: F401  (registers the predictors with the engine)
 from . import lm  # noqa: E402,F401  (registers the `specmoe` lm-eval model)
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from .engine import offload
-from .metrics import token_divergence
+from .engine.metrics import token_divergence
 
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
@@ -24,7 +24,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", store: st
     the engine reads them from the checkpoint, so the model need not fit in memory."""
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     if spec.startswith("tiny:"):
-        from .arch.tiny import TINY, tiny_model
+        from .zoo.tiny import TINY, tiny_model
 
         model_type = spec.split(":", 1)[1]
         if model_type not in TINY:

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from evalsuite.arch.tiny import tiny_model
+from evalsuite.zoo.tiny import tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

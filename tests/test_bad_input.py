@@ -9,8 +9,8 @@ import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import evalsuite
-from evalsuite.arch import UnsupportedModelError
-from evalsuite.arch.tiny import tiny_model
+from evalsuite.engine.arch import UnsupportedModelError
+from evalsuite.zoo.tiny import tiny_model
 
 from .helpers import reference_model
 

@@ -210,7 +210,7 @@ def test_humaneval_scores_canonical_solutions_once_confirmed(loaded, wrong, expe
 def tiny_model_dir(tmp_path_factory):
     """A tiny random qwen3_moe model and the project's character tokenizer, saved as an HF model directory."""
     pytest.importorskip("transformers")
-    from evalsuite.arch.tiny import tiny_model
+    from evalsuite.zoo.tiny import tiny_model
     from evalsuite.zoo.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite import arch
+from evalsuite.engine import arch
 from evalsuite.engine.cache import POLICIES
 
 from .helpers import reference_model

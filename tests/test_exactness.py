@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.arch.tiny import TINY
+from evalsuite.zoo.tiny import TINY
 
 from .helpers import batch, reference_model
 

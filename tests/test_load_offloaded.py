@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from evalsuite import arch
+from evalsuite.engine import arch
 from evalsuite.engine import cache as cache_module
 from evalsuite.engine import load_offloaded, load_skeleton, offload
 from evalsuite.engine.store import Checkpoint, HostStore

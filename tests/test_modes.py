@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite import arch
-from evalsuite.arch.tiny import TINY
+from evalsuite.engine import arch
+from evalsuite.zoo.tiny import TINY
 from evalsuite.predict.calibrate import calibrate
 from evalsuite.predict.predictors import router_logits
 
@@ -128,7 +128,7 @@ def test_oracle_prefetches_are_all_used_with_room_for_them():
 
 
 def test_token_divergence_definition():
-    from evalsuite.metrics import token_divergence
+    from evalsuite.engine.metrics import token_divergence
 
     assert token_divergence([1, 2, 3], [1, 2, 3]) == {"first_divergence": None, "identical_share": 1.0}
     assert token_divergence([1, 5, 3], [1, 2, 3]) == {"first_divergence": 1, "identical_share": 2 / 3}

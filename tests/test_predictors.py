@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite import arch
+from evalsuite.engine import arch
 from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
 from evalsuite.predict.calibrate import calibrate
-from evalsuite.predict.predictors import LayerState
+from evalsuite.engine.prediction import LayerState
 
 from .helpers import reference_model
 from .test_modes import artifact_for

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite import arch
+from evalsuite.engine import arch
 
 from .helpers import batch, reference_model, shipped_model
 

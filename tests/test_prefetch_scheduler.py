@@ -6,7 +6,7 @@ import torch
 
 from evalsuite.engine import scheduler as scheduler_module
 from evalsuite.engine.scheduler import PrefetchScheduler, ranked
-from evalsuite.metrics import Counters
+from evalsuite.engine.metrics import Counters
 
 
 class FakeEngine:

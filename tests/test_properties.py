@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import evalsuite
-from evalsuite import arch
+from evalsuite.engine import arch
 from evalsuite.engine.cache import POLICIES, ExpertCache, capacity_in_experts
 from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from evalsuite import arch
-from evalsuite.arch.tiny import TINY
+from evalsuite.engine import arch
+from evalsuite.zoo.tiny import TINY
 
 from .helpers import reference_model
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import torch
 
-from ..metrics import Counters
+from .metrics import Counters
 from .transfer import TransferError
 
 

@@ -13,7 +13,7 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .. import arch
+from . import arch
 from .store import EXPERT_PARAMS, Checkpoint
 
 

@@ -12,11 +12,10 @@ import time
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from .. import arch
-from ..metrics import Counters, EngineRecord, RequestTiming
-from ..modes import PredictionDriver
-from ..perf.trace import RoutingTrace
-from ..predict import Artifact, build_predictor
+from . import arch
+from .metrics import Counters, EngineRecord, RequestTiming
+from .prediction import PREDICTORS, PredictionDriver
+
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
 from .kernel import run_experts
@@ -52,7 +51,7 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
 
     mode            'resident' (experts stay in the model: the reference), 'on-demand' (route,
                     fetch the missing experts, compute), 'router-preserving', 'speculative',
-                    'hybrid' (see evalsuite.modes).
+                    'hybrid' (see evalsuite.engine.prediction).
     cache_capacity  device expert slots: an int count, a float fraction of all experts,
                     a size such as '256MiB', or 'all'.
     cache_policy    'lru', 'lfu', 'least-stale' or 'predicted' (docs/performance.md).
@@ -73,10 +72,10 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     prefetch_budget candidates considered per prediction (default top-k); `window=False`
                     submits them all, without the scheduler's expected-saving test.
     recall_k        k values for recall@k (default [top-k]).
-    drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.modes.
+    drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.engine.prediction.
     transfer_timeout_s  a transfer not done by then raises instead of hanging.
     trace           record the routing of batch-1 decode steps (native, executed and predicted
-                    experts per sparse layer; see evalsuite.perf.trace): `routing_trace()`.
+                    experts per sparse layer; see evalsuite.engine.trace): `routing_trace()`.
     Bad options raise ValueError before the model is touched.
     """
     return Engine(model, mode=mode, **options)
@@ -151,14 +150,11 @@ class Engine(ExpertFetching):
             raise ValueError("mode 'on-demand' uses no predictor; choose router-preserving, speculative or hybrid")
         if self.mode in ("speculative", "hybrid") and horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
-        if name == "trace-oracle":  # its "artifact" is a recorded routing trace
-            artifact = RoutingTrace.load(predictor_path) if predictor_path is not None else artifact
-        elif predictor_path is not None:
-            artifact = Artifact.load(predictor_path, self.model, self.layers)
-        if isinstance(artifact, Artifact):
-            artifact = artifact.to(self.device)
-        self.predictor = build_predictor(name, self.layers, self.family, artifact, horizon, drift_layers,
-                                         drift_threshold)
+        kind = PREDICTORS[name]  # check_options knows the registered names
+        if predictor_path is not None:
+            artifact = kind.load(predictor_path, self.model, self.layers)
+        self.predictor = kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
+                                    self.device)
 
     def _build_offload(self, cache_capacity, cache_policy, cache_pools, store, checkpoint):
         total = sum(layer.num_experts for layer in self.layers)
@@ -190,7 +186,7 @@ class Engine(ExpertFetching):
         self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
 
     def _start_trace(self) -> None:
-        from ..perf.trace import TraceRecorder
+        from .trace import TraceRecorder
 
         meta = {"mode": self.mode, "model": self.model.config._name_or_path, "family": self.family.__name__,
                 "expert_bytes": self.layout.nbytes, "budget": self.budget}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from numbers import Real
 
-from ..predict import PREDICTOR_NAMES
 from .cache import POLICIES, capacity_in_experts
+from .prediction import PREDICTORS
 from .transfer import parse_link
 
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
@@ -39,7 +39,8 @@ RULES = {
     "store": _one_of(STORES),
     "cache_pools": _one_of(POOLS),
     "cache_policy": _one_of(POLICIES),
-    "predictor": _one_of(PREDICTOR_NAMES, optional=True),
+    "predictor": (lambda v: v is None or v in PREDICTORS,  # the registry is filled when evalsuite.predict loads
+                  lambda: f"is not one of: {', '.join(PREDICTORS)}"),
     "transfer_timeout_s": (lambda v: _is_number(v) and v > 0,
                            "must be a number of seconds above 0, e.g. transfer_timeout_s=60"),
     "horizon": (lambda v: _is_whole(v, 1), "must be a whole number of at least 1 (sparse layers ahead)"),
@@ -66,4 +67,4 @@ def check_options(**options) -> None:
         elif name in RULES:
             valid, must = RULES[name]
             if not valid(value):
-                raise ValueError(f"{name}={value!r} {must}")
+                raise ValueError(f"{name}={value!r} {must() if callable(must) else must}")

@@ -1,14 +1,14 @@
 """Which positions of a forward pass hold image tokens, for metrics split by token kind.
 
 Vision-language MoEs route image tokens through the same experts as text, but differently;
-the engine reports hit rate and recall for each kind (definitions in evalsuite/metrics.py).
+the engine reports hit rate and recall for each kind (definitions in evalsuite/engine/metrics.py).
 Padding positions (attention mask 0) belong to neither kind.
 """
 from __future__ import annotations
 
 import torch
 
-from ..metrics import KindCounts
+from .metrics import KindCounts
 
 IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "image_token_index")
 

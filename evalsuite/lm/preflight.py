@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from .. import arch
+from ..engine import arch
 from ..engine.offload import PREDICTING
 from ..engine.options import check_options
 

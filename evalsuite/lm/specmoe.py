@@ -15,7 +15,7 @@ from lm_eval.models.huggingface import HFLM
 
 from ..engine import offload
 from ..engine.options import check_options
-from ..metrics import EngineRecord
+from ..engine.metrics import EngineRecord
 from ..predict import fingerprint
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
@@ -78,7 +78,7 @@ class EngineAdapter:
         return results
 
     def engine_summaries(self) -> dict[str, dict]:
-        """Per task: the engine's summary (see evalsuite.metrics) and configuration."""
+        """Per task: the engine's summary (see evalsuite.engine.metrics) and configuration."""
         describe = self.engine.describe()
         return {task: {**record.summary(), **describe} for task, record in self.records.items()}
 

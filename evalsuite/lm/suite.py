@@ -14,7 +14,7 @@ import os
 import time
 
 from .. import __version__
-from ..metrics import token_divergence
+from ..engine.metrics import token_divergence
 from ..results.claim import claim_run
 from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit

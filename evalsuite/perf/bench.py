@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..arch import sparse_layers
+from ..engine.arch import sparse_layers
 from ..engine import offload
 from .profiles import case_label
 from .simulate import Costs, gap_closed, overlap_bound, simulate
@@ -283,7 +283,7 @@ def whole(model):
     if not _unloaded(model):
         yield model
         return
-    from ..arch import family_of
+    from ..engine.arch import family_of
     from ..engine.placement import drop_experts, home_device, load_experts
     from ..engine.store import Checkpoint, ExpertLayout
 

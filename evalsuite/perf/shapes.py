@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from ..arch import sparse_layers
-from ..arch.tiny import tiny_model
+from ..engine.arch import sparse_layers
+from ..zoo.tiny import tiny_model
 
 _QWEN3_30B = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                   num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,

@@ -1,17 +1,23 @@
 """Next-layer expert predictors and their calibration artifacts."""
 from __future__ import annotations
 
+import functools
+
+from ..engine.prediction import register_predictor
+from ..engine.trace import RoutingTrace
 from .artifact import Artifact, ArtifactError, fingerprint
-from ..perf.trace import RoutingTrace
 from .predictors import NEEDS_ARTIFACT, PREDICTORS, HybridPredictor, LayerState, Predictor
 
 PREDICTOR_NAMES = tuple(PREDICTORS) + ("hybrid",)
 
 
 def build_predictor(name: str, layers, family, artifact: Artifact | None = None, horizon: int = 1,
-                    drift_layers=None, drift_threshold: float = 0.6) -> Predictor:
+                    drift_layers=None, drift_threshold: float = 0.6, device=None) -> Predictor:
     """A predictor by name; `hybrid` picks its high-drift layers from the artifact's calibration
-    recall of the quasi predictor (below `drift_threshold`) unless `drift_layers` are given."""
+    recall of the quasi predictor (below `drift_threshold`) unless `drift_layers` are given. An
+    artifact is moved to `device` (where the engine computes)."""
+    if isinstance(artifact, Artifact) and device is not None:
+        artifact = artifact.to(device)
     if name not in PREDICTOR_NAMES:
         raise ValueError(f"predictor={name!r} is not one of: {', '.join(PREDICTOR_NAMES)}")
     if name in NEEDS_ARTIFACT and artifact is None:
@@ -35,5 +41,14 @@ def build_predictor(name: str, layers, family, artifact: Artifact | None = None,
         artifact.check(layers, predictor.parts, horizon)  # a damaged artifact fails here, not mid-run
     return predictor
 
+
+def load_artifact(name: str, path, model, layers):
+    """What `predictor_path` holds for predictor `name`: a routing trace for trace-oracle, else a
+    calibration artifact."""
+    return RoutingTrace.load(path) if name == "trace-oracle" else Artifact.load(path, model, layers)
+
+
+for _name in PREDICTOR_NAMES:  # the engine builds predictors by name through its registry
+    register_predictor(_name, build_predictor, functools.partial(load_artifact, _name))
 
 __all__ = ["Artifact", "ArtifactError", "LayerState", "Predictor", "PREDICTOR_NAMES", "build_predictor", "fingerprint"]

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .. import arch
+from ..engine import arch
 from ..engine.kernel import expert_mlp
 from ..engine.store import ExpertLayout
 from .artifact import Artifact, fingerprint
-from .predictors import GatePredictor, LayerState, QuasiPredictor, router_logits
+from ..engine.prediction import LayerState
+from .predictors import GatePredictor, QuasiPredictor, router_logits
 
 TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "estimator": ("estimator",),
            "hybrid": ("estimator",), "all": ("adapter", "estimator")}

@@ -6,21 +6,10 @@ predicted expert set. Router-space predictors turn logits into scores with the f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-
-@dataclass
-class LayerState:
-    """What a predictor may read at sparse layer `pos` while it runs."""
-
-    pos: int  # position among the sparse layers
-    x: torch.Tensor  # router input [T, H]
-    residual: torch.Tensor  # residual stream after this layer's attention [T, H]
-    ids: torch.Tensor  # experts this layer executes [T, K]
-    weights: torch.Tensor  # their routing weights [T, K]
+from ..engine.prediction import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
 
 
 def router_logits(router, x: torch.Tensor) -> torch.Tensor:

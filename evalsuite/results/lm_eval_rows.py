@@ -115,7 +115,7 @@ def run_config(config: dict, results: dict) -> dict:
 
 
 def engine_rows(engine) -> list[dict]:
-    """engine_by_task[task]: the engine's summary (evalsuite.metrics), one row dict, or a list of row dicts."""
+    """engine_by_task[task]: the engine's summary (evalsuite.engine.metrics), one row dict, or a list of row dicts."""
     if engine is None:
         return []
     if isinstance(engine, dict):

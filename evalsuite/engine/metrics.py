@@ -16,7 +16,7 @@ prefetch cancelled  a prefetch whose copy was still queued or moving when its la
 victims restored  cancelled prefetches whose copy had not started: the used expert they had
                evicted got its slot (and its place in the eviction order) back.
 recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
-               averaged within a sample, then across samples (SpecPrefetch); see modes.py.
+               averaged within a sample, then across samples (SpecPrefetch): token_recall.
 divergence     per sample, against the resident run's greedy generation: the first generated
                position whose token differs (None if none) and the share of positions with
                identical tokens (over the longer of the two generations).
@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -197,3 +199,9 @@ def token_divergence(generated: list[int], reference: list[int]) -> dict:
     same = [i < len(generated) and i < len(reference) and generated[i] == reference[i] for i in range(n)]
     first = next((i for i, s in enumerate(same) if not s), None)
     return {"first_divergence": first, "identical_share": sum(same) / n if n else 1.0}
+
+
+def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Recall@k per token (SpecPrefetch): |top-k(predicted) ∩ native top-K| / K."""
+    top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
+    return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]

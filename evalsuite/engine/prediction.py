@@ -22,19 +22,43 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from .engine.scheduler import ranked
-from .predict.predictors import LayerState
+from .metrics import token_recall
+from .scheduler import ranked
 
 SPECULATIVE = ("speculative", "hybrid")
 
 
-def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:
-    """Per token: |top-k(predicted) ∩ native top-K| / K."""
-    top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
-    return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]
+@dataclass(frozen=True)
+class PredictorKind:
+    """How the engine builds a predictor it knows by name (registered by evalsuite.predict)."""
+
+    build: Callable  # (name, layers, family, artifact, horizon, drift_layers, drift_threshold, device) -> predictor
+    load: Callable  # (path, model, layers) -> the artifact `build` takes
+
+
+# name -> PredictorKind: predictors register here, so the engine never imports them
+PREDICTORS: dict[str, PredictorKind] = {}
+
+
+def register_predictor(name: str, build: Callable, load: Callable) -> None:
+    PREDICTORS[name] = PredictorKind(build, load)
+
+
+@dataclass
+class LayerState:
+    """What a predictor may read at sparse layer `pos` while it runs (the engine's interface to
+    predictors, evalsuite.predict)."""
+
+    pos: int  # position among the sparse layers
+    x: torch.Tensor  # router input [T, H]
+    residual: torch.Tensor  # residual stream after this layer's attention [T, H]
+    ids: torch.Tensor  # experts this layer executes [T, K]
+    weights: torch.Tensor  # their routing weights [T, K]
 
 
 class Later:

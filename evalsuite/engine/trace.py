@@ -1,0 +1,134 @@
+"""Routing traces: which experts each sparse layer chose, ran and was predicted to need.
+
+`offload(model, ..., trace=True)` records one `LayerRouting` per sparse layer per decode
+step of batch-1 requests (prefill and batched steps are not recorded: the simulator projects
+decode TPOT, and batch-1 decode is what offloading engines optimise). A trace is plain JSON,
+so any run's routing can be replayed by `evalsuite simulate` against other hardware.
+
+native     the layer's own router's top-k (what a router-preserving run executes)
+executed   the experts the layer actually ran (differs from native under speculation)
+predicted  the prediction made for this layer, ranked by confidence (the prefetch
+           candidates): one sparse layer earlier, or for the first sparse layer at the previous
+           decode step's last one (across the token boundary); None where none was made (a
+           request's first decode step at the first sparse layer, a run without a predictor)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
+
+
+@dataclass
+class LayerRouting:
+    native: list[int]
+    executed: list[int] | None = None
+    predicted: list[int] | None = None
+
+
+@dataclass
+class RoutingTrace:
+    layers: list[int]  # sparse layer indices, in order
+    experts: int  # routed experts per layer
+    top_k: int
+    steps: list[list[LayerRouting]] = field(default_factory=list)  # decode steps x sparse layers
+    meta: dict = field(default_factory=dict)
+    # per request: (index of its first decode step, experts its prefill ran per sparse layer);
+    # the prefill leaves those experts in the cache, which the simulator must know
+    prefills: list = field(default_factory=list)
+
+    def save(self, path) -> None:
+        data = {"version": VERSION, "layers": self.layers, "experts": self.experts, "top_k": self.top_k,
+                "meta": self.meta, "steps": [[asdict(r) for r in step] for step in self.steps],
+                "prefills": self.prefills}
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path) -> "RoutingTrace":
+        try:
+            data = json.loads(Path(path).read_text())
+            steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
+            trace = cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
+                        [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
+                             "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
+        if data.get("version", 1) < 2:
+            trace._first_layer_one_step_later()
+        return trace
+
+    def _first_layer_one_step_later(self) -> None:
+        """Version 1 stored the first sparse layer's cross-token prediction on the step that made
+        it; it is for the next step of the same request."""
+        starts = {start for start, _ in self.prefills}
+        for index in range(len(self.steps) - 1, -1, -1):
+            earlier = self.steps[index - 1][0].predicted if index > 0 and index not in starts else None
+            self.steps[index][0].predicted = earlier
+
+    def recall(self) -> float | None:
+        """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
+        values = [len(set(r.predicted[: self.top_k]) & set(r.native)) / self.top_k
+                  for step in self.steps for r in step if r.predicted]
+        return sum(values) / len(values) if values else None
+
+    def reuse(self) -> float | None:
+        """Mean share of a layer's native experts that the same layer also chose one step earlier."""
+        values = [len(set(now.native) & set(before.native)) / len(now.native)
+                  for prev, step in zip(self.steps, self.steps[1:]) for before, now in zip(prev, step)]
+        return sum(values) / len(values) if values else None
+
+
+class TraceRecorder:
+    """Collects a RoutingTrace from the engine's hooks (see Engine)."""
+
+    def __init__(self, layers, experts: int, top_k: int, meta: dict):
+        self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
+        self._step: dict[int, LayerRouting] | None = None
+        self._prefill: dict[int, list[int]] | None = None
+        self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
+
+    def forward_started(self, decoding: bool, rows: int) -> None:
+        self._flush()
+        self._step = {} if decoding and rows == 1 else None
+        self._prefill = {} if not decoding and rows == 1 else None
+        if self._step is not None:
+            self._step.update({layer: LayerRouting([], None, ranked) for layer, ranked in self._next.items()})
+        self._next = {}
+
+    def native(self, layer: int, ids) -> None:
+        if self._step is not None:
+            self._step.setdefault(layer, LayerRouting([]))
+            self._step[layer].native = sorted(set(ids))
+
+    def executed(self, layer: int, ids) -> None:
+        if self._step is not None:
+            self._step.setdefault(layer, LayerRouting([])).executed = list(ids)
+        elif self._prefill is not None:
+            self._prefill[layer] = list(ids)
+
+    def predicted(self, layer: int, ranked) -> None:
+        """`ranked`: the candidates, or a function giving them once the trace is read."""
+        if self._step is None:
+            return
+        ranked = ranked if callable(ranked) else list(ranked)
+        if self._step.get(layer, LayerRouting([])).native:  # it routed already: this is for the next token
+            self._next[layer] = ranked
+        else:
+            self._step.setdefault(layer, LayerRouting([])).predicted = ranked
+
+    def _flush(self) -> None:
+        if self._step and len(self._step) == len(self.trace.layers):
+            self.trace.steps.append([self._step[l] for l in self.trace.layers])
+        if self._prefill and len(self._prefill) == len(self.trace.layers):
+            self.trace.prefills.append((len(self.trace.steps), [self._prefill[l] for l in self.trace.layers]))
+        self._step = self._prefill = None
+
+    def result(self) -> RoutingTrace:
+        self._flush()
+        for step in self.trace.steps:  # predictions the engine made after their request (engine.prediction.Later)
+            for routing in step:
+                if callable(routing.predicted):
+                    routing.predicted = list(routing.predicted())
+        return self.trace
