@@ -257,8 +257,8 @@ class Engine(ExpertFetching):
             self.shadow = False
 
     def _after_forward(self, module, args, output):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":  # the forward's end: its kernels done; copies still in flight need not be
+            torch.cuda.current_stream(self.device).synchronize()
         if self.record.requests:
             self.record.requests[-1].ends.append(time.perf_counter())
 
