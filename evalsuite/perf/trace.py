@@ -15,7 +15,6 @@ predicted  the prediction made for this layer, ranked by confidence (the prefetc
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -72,6 +71,16 @@ class RoutingTrace:
         """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
         values = [len(set(r.predicted[: self.top_k]) & set(r.native)) / self.top_k
                   for step in self.steps for r in step if r.predicted]
+        return sum(values) / len(values) if values else None
+
+    def predicted_reuse(self) -> float | None:
+        """Mean share of a layer's predicted top-k that the same layer's prediction also held one
+        step earlier, over the consecutive steps that both have one: the reuse of the set that
+        speculative execution runs."""
+        k = self.top_k
+        values = [len(set(now.predicted[:k]) & set(before.predicted[:k])) / k
+                  for prev, step in zip(self.steps, self.steps[1:]) for before, now in zip(prev, step)
+                  if before.predicted and now.predicted]
         return sum(values) / len(values) if values else None
 
     def reuse(self) -> float | None:
@@ -133,40 +142,3 @@ class TraceRecorder:
                 if callable(routing.predicted):
                     routing.predicted = list(routing.predicted())
         return self.trace
-
-
-def synthetic_trace(experts: int, top_k: int, layers: int, steps: int, reuse: float, recall: float,
-                    seed: int = 0) -> RoutingTrace:
-    """A trace for a model no run has recorded, with given temporal reuse and predictor recall.
-
-    Each layer keeps each of its previous step's experts with probability `reuse` and draws the
-    rest uniformly; the prediction contains each native expert with probability `recall`
-    and fills up with wrong guesses, which repeat the layer's previous wrong guesses with
-    probability `reuse` (a predictor's mistakes are as sticky as the routing) and are drawn
-    uniformly otherwise. Every layer is predicted but the first step's first one, as the engine
-    does (the first sparse layer across the token boundary). Use the reuse and recall measured on a recorded trace
-    (RoutingTrace.reuse / .recall) to carry a run's statistics to real shapes.
-    """
-    rng = random.Random(seed)
-    previous = [rng.sample(range(experts), top_k) for _ in range(layers)]
-    wrong_before: list[list[int]] = [[] for _ in range(layers)]
-    trace = RoutingTrace(list(range(layers)), experts, top_k,
-                         meta={"synthetic": True, "reuse": reuse, "recall": recall, "seed": seed})
-    for _ in range(steps):
-        step = []
-        for pos in range(layers):
-            kept = [e for e in previous[pos] if rng.random() < reuse]
-            rest = [e for e in range(experts) if e not in kept]
-            native = sorted(kept + rng.sample(rest, top_k - len(kept)))
-            predicted = None
-            if pos > 0 or trace.steps:  # the first layer is predicted from the previous step
-                hit = [e for e in native if rng.random() < recall]
-                sticky = [e for e in wrong_before[pos] if e not in native and rng.random() < reuse]
-                wrong = sticky[: top_k - len(hit)]
-                others = [e for e in range(experts) if e not in native and e not in wrong]
-                wrong += rng.sample(others, top_k - len(hit) - len(wrong))
-                predicted, wrong_before[pos] = hit + wrong, wrong
-            step.append(LayerRouting(native, None, predicted))
-            previous[pos] = native
-        trace.steps.append(step)
-    return trace
