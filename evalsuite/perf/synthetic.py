@@ -90,8 +90,10 @@ class _Chain:
 
 
 def _draw(rng: random.Random, experts: int, count: int, taken: set[int]) -> list[int]:
-    """`count` distinct experts, uniformly, none of them in `taken` (rejection: count << experts)."""
+    """`count` distinct experts (as many as there are), uniformly, none of them in `taken`, by
+    rejection: a layer's top-k is a small share of its experts."""
     drawn: list[int] = []
+    count = min(count, experts - len(taken))  # a prediction of 3 in 4 experts has no 3 wrong ones
     while len(drawn) < count:
         e = rng.randrange(experts)
         if e not in taken:
