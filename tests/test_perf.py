@@ -11,7 +11,7 @@ from evalsuite.perf.bench import bench_model
 from evalsuite.perf.profiles import costs, load_profile, profile_names
 from evalsuite.perf.shapes import MODELS, model_shape, random_model
 from evalsuite.perf.replay import executed_experts
-from evalsuite.perf.trace import RoutingTrace
+from evalsuite.engine.trace import RoutingTrace
 
 from .helpers import reference_model
 
@@ -145,6 +145,29 @@ def test_simulate_command_projects_every_mode(tmp_path, capsys):
     by_mode = {r["mode"]: r["tpot_ms"] for r in rows}
     assert by_mode["resident"] < by_mode["overlap bound"] <= by_mode["on-demand"]
     assert "synthetic trace" in capsys.readouterr().out
+
+
+def test_a_recorded_trace_of_another_shape_gives_its_predicted_reuse_to_the_synthetic_one():
+    from evalsuite.perf.project import fit_trace
+
+    recorded = traced("router-preserving", "gate")
+    shape = model_shape("qwen3-30b-a3b")
+    fitted, origin = fit_trace(recorded, shape, steps=48)
+    assert fitted.meta["predicted_reuse"] == pytest.approx(recorded.predicted_reuse())
+    assert fitted.meta["recall"] == pytest.approx(recorded.recall())
+    assert f"predicted reuse {fitted.meta['predicted_reuse']:.3f}" in origin
+    # by hand it wins over the trace's; without either it is the routing's, and the line says so
+    fitted, origin = fit_trace(recorded, shape, steps=48, predicted_reuse=0.4)
+    assert fitted.meta["predicted_reuse"] == 0.4 and "predicted reuse 0.400" in origin
+    _, origin = fit_trace(None, shape, steps=48, reuse=0.3, recall=0.8)
+    assert "(the routing's)" in origin
+
+
+def test_simulate_command_takes_the_predicted_reuse(tmp_path, capsys):
+    argv = ["simulate", "--model", "qwen3-30b-a3b", "--profile", "a6000", "--reuse", "0.3", "--recall", "0.8",
+            "--steps", "4", "--predicted-reuse", "0.35"]
+    assert main(argv) == 0
+    assert "recall@8 0.800 and predicted reuse 0.350" in capsys.readouterr().out
 
 
 def test_simulate_command_takes_the_engines_eviction_policy(tmp_path, capsys):

@@ -4,7 +4,8 @@ import math
 import pytest
 
 from evalsuite.perf.simulate import Costs, gap_closed, overlap_bound, simulate
-from evalsuite.perf.trace import LayerRouting, RoutingTrace, synthetic_trace
+from evalsuite.perf.synthetic import synthetic_trace
+from evalsuite.engine.trace import LayerRouting, RoutingTrace
 
 COSTS = Costs(dense_s=1.0, expert_s=0.5, step_s=2.0, transfer_s=3.0)
 
@@ -163,13 +164,47 @@ def test_bad_arguments_are_refused():
         simulate(trace, COSTS, capacity=4, mode="turbo")
 
 
-def test_synthetic_traces_have_the_asked_reuse_and_recall():
-    trace = synthetic_trace(experts=64, top_k=4, layers=6, steps=400, reuse=0.4, recall=0.7, seed=1)
-    assert trace.recall() == pytest.approx(0.7, abs=0.03)
-    # kept experts plus chance re-draws of the others
-    assert trace.reuse() == pytest.approx(0.4 + 0.6 * 4 / 64, abs=0.03)
-    assert all(len(r.native) == 4 and len(set(r.native)) == 4 for step in trace.steps for r in step)
+def test_predicted_reuse_is_the_share_of_a_layers_prediction_also_predicted_a_step_earlier():
+    trace = trace_of([[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]]],
+                     predicted=[[None, [2, 5]], [[0, 4], [2, 6]], [[0, 1], [6, 2]]])
+    # layer 1: {2,5} -> {2,6} shares 1 of 2, {2,6} -> {6,2} 2 of 2; layer 0: {0,4} -> {0,1} 1 of 2
+    assert trace.predicted_reuse() == pytest.approx((0.5 + 1.0 + 0.5) / 3)
+    assert trace_of([[[0, 1]], [[0, 1]]]).predicted_reuse() is None
+
+
+@pytest.mark.parametrize("predicted_reuse", [None, 0.36, 0.5])
+def test_synthetic_traces_carry_the_asked_predicted_reuse_with_the_same_recall_and_routing(predicted_reuse):
+    trace = synthetic_trace(experts=64, top_k=4, layers=6, steps=400, reuse=0.4, recall=0.7, seed=1,
+                            predicted_reuse=predicted_reuse)
+    assert trace.recall() == pytest.approx(0.7, abs=0.02)
+    assert trace.reuse() == pytest.approx(0.4 + 0.6 * 4 / 64, abs=0.02)
+    # by default the predicted set is as sticky as the routing
+    expected = trace.reuse() if predicted_reuse is None else predicted_reuse
+    assert trace.predicted_reuse() == pytest.approx(expected, abs=0.02)
+    assert all(len(set(r.native)) == 4 for step in trace.steps for r in step)
+    assert all(len(set(r.predicted)) == 4 for step in trace.steps for r in step if r.predicted)
     assert not math.isnan(simulate(trace, COSTS, capacity=40, mode="speculative").tpot_s)
+    # the routing is the seed's alone, so every prediction is replayed against the same one
+    plain = synthetic_trace(experts=64, top_k=4, layers=6, steps=400, reuse=0.4, recall=0.7, seed=1)
+    assert [[r.native for r in step] for step in trace.steps] == [[r.native for r in step] for step in plain.steps]
+
+
+def test_a_predicted_reuse_out_of_reach_is_met_as_closely_as_the_model_allows():
+    trace = synthetic_trace(experts=64, top_k=4, layers=6, steps=400, reuse=0.4, recall=0.7, seed=2,
+                            predicted_reuse=0.9)
+    reached = trace.meta["predicted_reuse_reached"]
+    assert trace.meta["stickiness"] == 1.0 and reached < 0.9
+    # it can be no stickier than its hits (the routing's kept experts) and all its wrong guesses
+    assert reached < trace.reuse() + 0.3
+    assert trace.predicted_reuse() == pytest.approx(reached, abs=0.02)
+
+
+def test_a_stickier_prediction_makes_speculation_copy_less():
+    kwargs = dict(experts=64, top_k=4, layers=6, steps=200, reuse=0.4, recall=0.7, seed=3)
+    loose, sticky = (synthetic_trace(**kwargs, predicted_reuse=r) for r in (0.32, 0.5))
+    copies = [simulate(t, COSTS, 96, "speculative").transfers_per_token for t in (loose, sticky)]
+    assert copies[1] < 0.9 * copies[0]
+    assert simulate(loose, COSTS, 96, "on-demand").tpot_s == simulate(sticky, COSTS, 96, "on-demand").tpot_s
 
 
 def test_a_prefill_leaves_its_experts_in_the_cache():

@@ -73,6 +73,16 @@ class RoutingTrace:
                   for step in self.steps for r in step if r.predicted]
         return sum(values) / len(values) if values else None
 
+    def predicted_reuse(self) -> float | None:
+        """Mean share of a layer's predicted top-k that the same layer's prediction also held one
+        step earlier, over the consecutive steps that both have one: the reuse of the set that
+        speculative execution runs."""
+        k = self.top_k
+        values = [len(set(now.predicted[:k]) & set(before.predicted[:k])) / k
+                  for prev, step in zip(self.steps, self.steps[1:]) for before, now in zip(prev, step)
+                  if before.predicted and now.predicted]
+        return sum(values) / len(values) if values else None
+
     def reuse(self) -> float | None:
         """Mean share of a layer's native experts that the same layer also chose one step earlier."""
         values = [len(set(now.native) & set(before.native)) / len(now.native)

@@ -99,7 +99,7 @@ def cmd_simulate(args) -> int:
     from .profiles import load_profile
     from .project import fit_trace, format_projection, project
     from .shapes import model_shape
-    from .trace import RoutingTrace
+    from ..engine.trace import RoutingTrace
 
     trace = RoutingTrace.load(args.trace) if args.trace else None
     if args.model is None and trace is None:
@@ -108,7 +108,8 @@ def cmd_simulate(args) -> int:
         shape, fitted, origin = None, trace, f"recorded trace ({len(trace.steps)} decode steps), its own model"
     else:
         shape = model_shape(args.model)
-        fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall)
+        fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall,
+                                   predicted_reuse=args.predicted_reuse)
     name = args.model or trace.meta.get("model") or "the traced model"
     predictor = args.predictor or (trace.meta.get("predictor") if trace else None) or "gate"
     everything = []
@@ -159,6 +160,9 @@ def add_commands(sub) -> None:
     s.add_argument("--cache-policy", default="lru", choices=POLICIES, help="the engine's eviction policy")
     s.add_argument("--reuse", type=float, help="temporal reuse for a synthetic trace (default: the trace's)")
     s.add_argument("--recall", type=float, help="predictor recall for a synthetic trace (default: the trace's)")
+    s.add_argument("--predicted-reuse", type=float,
+                   help="share of the predicted set kept from one step to the next, for a synthetic trace "
+                        "(default: the trace's, else the routing's)")
     s.add_argument("--steps", type=int, default=64, help="decode steps of a synthetic trace")
     s.add_argument("--json", help="also write the rows here")
     s.set_defaults(run=cmd_simulate)

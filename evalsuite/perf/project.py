@@ -2,8 +2,8 @@
 
 A trace recorded on a model with the target's shape is replayed as is. A trace from another
 model (a shipped tiny one, say) cannot be, since its layers and experts differ: its measured
-temporal reuse and predictor recall are carried over to a synthetic trace of the target's
-shape instead (see trace.synthetic_trace), and the output says so.
+temporal reuse, predictor recall and predicted-set reuse are carried over to a synthetic trace
+of the target's shape instead (see perf.synthetic), and the output says so.
 """
 from __future__ import annotations
 
@@ -12,26 +12,38 @@ from dataclasses import replace
 from .profiles import Profile, costs
 from .shapes import ModelShape
 from .simulate import gap_closed, overlap_bound, simulate
-from .trace import RoutingTrace, synthetic_trace
+from .synthetic import synthetic_trace
+from ..engine.trace import RoutingTrace
 
 PROJECTED_MODES = ("resident", "on-demand", "router-preserving", "speculative", "oracle")
 
 
 def fit_trace(trace: RoutingTrace | None, shape: ModelShape, steps: int = 64, reuse: float | None = None,
-              recall: float | None = None, seed: int = 0) -> tuple[RoutingTrace, str]:
-    """The trace to replay for `shape`, and a line saying where it came from."""
+              recall: float | None = None, seed: int = 0,
+              predicted_reuse: float | None = None) -> tuple[RoutingTrace, str]:
+    """The trace to replay for `shape`, and a line saying where it came from. A trace of another
+    shape gives its measured statistics to those not given; predicted reuse defaults to the
+    routing's (see synthetic_trace) where neither gives it."""
     if trace is not None and (trace.experts, trace.top_k, len(trace.layers)) == (
             shape.experts, shape.top_k, shape.sparse_layers):
         return trace, f"recorded trace ({len(trace.steps)} decode steps)"
     if trace is not None:
         reuse = trace.reuse() if reuse is None else reuse
         recall = trace.recall() if recall is None else recall
+        predicted_reuse = trace.predicted_reuse() if predicted_reuse is None else predicted_reuse
     if reuse is None or recall is None:
         raise ValueError("give a trace recorded with a predictor (evalsuite bench --out DIR writes them), "
                          "or both --reuse and --recall")
-    fitted = synthetic_trace(shape.experts, shape.top_k, shape.sparse_layers, steps, reuse, recall, seed)
-    origin = "synthetic trace with reuse {:.3f} and recall@{} {:.3f}{}".format(
-        reuse, shape.top_k, recall, f", measured on {trace.meta.get('model', 'a recorded trace')}" if trace else "")
+    fitted = synthetic_trace(shape.experts, shape.top_k, shape.sparse_layers, steps, reuse, recall, seed,
+                             predicted_reuse)
+    meta = fitted.meta
+    predicted = "{:.3f}{}".format(meta["predicted_reuse"], "" if predicted_reuse is not None else " (the routing's)")
+    if "predicted_reuse_reached" in meta:
+        predicted = "{:.3f} ({:.3f} asked; the nearest this reuse and recall allow)".format(
+            meta["predicted_reuse_reached"], meta["predicted_reuse"])
+    source = f", measured on {trace.meta.get('model', 'a recorded trace')}" if trace else ""
+    origin = "synthetic trace with reuse {:.3f}, recall@{} {:.3f} and predicted reuse {}{}".format(
+        reuse, shape.top_k, recall, predicted, source)
     return fitted, origin
 
 

@@ -35,7 +35,7 @@ import torch
 from ..engine.cache import ExpertCache
 from ..engine.transfer import CHUNK_SECONDS
 from .replay import Replay
-from .trace import RoutingTrace
+from ..engine.trace import RoutingTrace
 
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid", "oracle")
 
