@@ -23,8 +23,11 @@ divergence     per sample, against the resident run's greedy generation: the fir
 hit rate       hits / uses.
 stall          wall time the compute waited for expert transfers to land.
 TTFT           time to first token: wall time of a request's first forward pass (the prefill).
-TPOT           time per output token: (end of the last forward - end of the first) / (n - 1)
-               for a request whose generation ran n forward passes; requests with n = 1 have none.
+TPOT           time per output token of one sequence: (end of the last forward - end of the first)
+               / (n - 1) for a request whose generation ran n forward passes (each gives every
+               sequence of its batch one token); requests with n = 1 have none. Summaries count
+               each sequence of a batched request once (a batch of 4 is 4 samples of its TPOT)
+               and give median, mean, and the 10th and 90th percentiles (the spread).
 token kind     "image" for positions holding the model's image or video token, "text" for the
                rest (vision-language models only). Hit rate by kind: over (token, routed
                expert) pairs of that kind, the share whose expert was a hit at that layer in
@@ -158,11 +161,13 @@ class EngineRecord:
         return {
             **total.as_dict(),
             "requests": len(timed),
+            "sequences": sum(r.rows for r in timed),
             "tokens": tokens,
             "bytes_per_token": total.bytes_transferred / tokens if tokens else None,
             "stall_ms_per_token": total.stall_s * 1e3 / tokens if tokens else None,
-            "ttft_ms": summarise(r.ttft_s for r in timed),
-            "tpot_ms": summarise(r.tpot_s for r in timed),
+            # per sequence: a batched request's time counts once for each of its rows
+            "ttft_ms": summarise(r.ttft_s for r in timed for _ in range(r.rows)),
+            "tpot_ms": summarise(r.tpot_s for r in timed for _ in range(r.rows)),
             "layers": {layer: c.as_dict() for layer, c in sorted(self.counters.items())},
             "recall": {k: recall_summary(layers) for k, layers in self.recall.items()} or None,
             "by_token_kind": self.kinds.summary(),
@@ -186,11 +191,13 @@ def tpot(ends: list[float]) -> float | None:
 
 
 def summarise(values) -> dict:
-    """Mean and median of the values that exist, in milliseconds."""
+    """Mean, median, and the 10th and 90th percentiles (the spread) of the values that exist, in ms."""
     values = [v * 1e3 for v in values if v is not None]
     if not values:
-        return {"mean": None, "median": None, "n": 0}
-    return {"mean": statistics.fmean(values), "median": statistics.median(values), "n": len(values)}
+        return {"mean": None, "median": None, "p10": None, "p90": None, "n": 0}
+    deciles = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "p10": deciles[0],
+            "p90": deciles[-1], "n": len(values)}
 
 
 def token_divergence(generated: list[int], reference: list[int]) -> dict:
