@@ -57,12 +57,13 @@ def test_the_wheel_carries_every_file_of_the_package(installed):
 
 INDEX = """
 import json, os
+from lm_eval.tasks import TaskManager
 import evalsuite
-from evalsuite.lm.preflight import task_manager
 from evalsuite.tasks import TASKS_DIR
 names = sorted(f[:-5] for f in os.listdir(TASKS_DIR) if f.endswith(".yaml"))
+known = TaskManager(include_path=TASKS_DIR, include_defaults=False).all_tasks  # the project's tasks alone
 print(json.dumps({"package": evalsuite.__file__, "tasks_dir": TASKS_DIR, "yamls": names,
-                  "unknown": [n for n in names if n not in task_manager().all_tasks]}))
+                  "unknown": [n for n in names if n not in known]}))
 """
 
 
@@ -96,3 +97,19 @@ def test_without_model_the_shipped_models_are_looked_for_under_the_working_direc
     monkeypatch.chdir(tmp_path)  # anywhere else: one line saying what to pass
     assert main(["eval", "--modes", "resident", "--tasks", "evalsuite_yesno", "--limit", "1", "--db", db]) == 2
     assert "no model directory 'models/tiny-qwen3-moe'" in capsys.readouterr().err
+
+
+RECALL = """
+import json, evaluate
+from evalsuite.evaluate_modules import module_path
+path = module_path("expert_recall")
+recall = evaluate.load(path).compute(predictions=[[0.1, 2.3, 0.7, 1.5]], references=[[1, 3]], k=2)
+print(json.dumps({"path": path, "recall": recall}))
+"""
+
+
+def test_the_installed_evaluate_modules_load_by_path(installed, tmp_path):
+    site, _, elsewhere = installed
+    env = {**installed_env(site), "HF_HOME": str(tmp_path / "hf"), "HF_EVALUATE_OFFLINE": "1"}
+    out = json.loads(run([sys.executable, "-c", RECALL], cwd=elsewhere, env=env).stdout.splitlines()[-1])
+    assert out == {"path": str(site / "evalsuite" / "evaluate_modules" / "expert_recall"), "recall": {"recall@2": 1.0}}
