@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE = 1
 
 # make eval MODEL=dir[,dir] MODE=m[,m] PREDICTOR=p PREDICTOR_PATH=f TASKS=t[,t] LIMIT=n DATA_DIR=dir CACHE=f LINK=l
 #           DB=url SANDBOX=weak   (no PREDICTOR: each mode runs its own, e.g. gate for speculative, hybrid for hybrid)
-MODEL     ?=
+MODEL     ?= models/tiny-qwen3-moe,models/tiny-glm4-moe,models/tiny-qwen3-vl-moe
 MODE      ?= resident,on-demand,router-preserving,speculative
 PREDICTOR ?=
 PREDICTOR_PATH ?=
@@ -21,7 +21,7 @@ LINK      ?= ufs4
 DATA_DIR  ?= $(wildcard ../shared/data)
 DB        ?=
 SANDBOX   ?=
-EVAL_ARGS = $(if $(MODEL),--model $(MODEL)) --modes $(MODE) $(if $(PREDICTOR),--predictor $(PREDICTOR)) \
+EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor $(PREDICTOR)) \
 	$(if $(PREDICTOR_PATH),--predictor-path $(PREDICTOR_PATH)) $(if $(TASKS),--tasks $(TASKS)) \
 	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
 	$(if $(DB),--db $(DB)) $(if $(SANDBOX),--sandbox $(SANDBOX)) --confirm-run-unsafe-code

@@ -4,10 +4,11 @@
     engine = evalsuite.offload(model, mode="on-demand", cache_capacity=0.25, link="pcie4")
     model.generate(...)
     engine.stats()
+
+Nothing else is imported: lm-eval and its `specmoe` model come with `import evalsuite.lm`.
 """
 from .engine import MODES, Engine, offload
 from . import predict  # noqa: F401  (registers the predictors with the engine)
-from . import lm  # noqa: E402,F401  (registers the `specmoe` lm-eval model)
 
 __version__ = "0.1.0"
 __all__ = ["MODES", "Engine", "offload", "__version__"]

@@ -167,11 +167,15 @@ def cmd_sweep(args) -> int:
     return 1 if outcome.failed else 0
 
 
+SHIPPED_MODELS = ("tiny-qwen3-moe", "tiny-glm4-moe", "tiny-qwen3-vl-moe")
+
+
 def default_models() -> list[str]:
+    """The shipped tiny models in models/ under the working directory (a checkout's root: the package itself
+    carries no models, they are too large for it)."""
     import os
 
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
-    return [os.path.join(root, name) for name in ("tiny-qwen3-moe", "tiny-glm4-moe", "tiny-qwen3-vl-moe")]
+    return [os.path.join("models", name) for name in SHIPPED_MODELS]
 
 
 def default_tasks(model: str) -> list[str]:
@@ -228,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_calibrate)
 
     e = sub.add_parser("eval", help="models x modes x tasks through lm-eval; one table, stored results")
-    e.add_argument("--model", help="comma-separated model directories (default: the shipped tiny models)")
+    e.add_argument("--model", help="comma-separated model directories (default: the shipped tiny models, "
+                                   "models/tiny-qwen3-moe,models/tiny-glm4-moe,models/tiny-qwen3-vl-moe)")
     e.add_argument("--modes", default="resident,on-demand,router-preserving,speculative")
     e.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the project's own, plus benchmarks "
                                    "when a data directory is given)")

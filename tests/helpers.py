@@ -4,6 +4,7 @@ import os
 
 import torch
 
+from evalsuite.tasks import TASKS_DIR
 from evalsuite.zoo.tiny import tiny_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,7 +33,7 @@ def batch(size: int, seq: int = 10, vocab: int = 128, seed: int = 0):
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TASKS = os.path.join(REPO, "tasks")
+TASKS = TASKS_DIR
 
 
 def shipped_model(name: str = "tiny-qwen3-moe") -> str:

@@ -8,7 +8,9 @@ from lm_eval.api.instance import Instance
 from lm_eval.filters import build_filter_ensemble
 from lm_eval.tasks._yaml_loader import load_yaml
 
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+from evalsuite.tasks import TASKS_DIR as PACKAGE_TASKS
+
+TASKS_DIR = Path(PACKAGE_TASKS)
 
 
 def task_config(task: str) -> dict:

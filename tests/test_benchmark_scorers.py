@@ -15,6 +15,7 @@ import pytest
 from evalsuite.scoring import answers
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring import datasets as ds
+from evalsuite.scoring.code_eval import pass_at_k
 
 from .helpers import shared_data
 from .task_filters import apply_filter
@@ -102,14 +103,14 @@ def test_pass_at_k_matches_enumerating_every_subset(samples):
     for correct in range(samples + 1):
         outcomes = [True] * correct + [False] * (samples - correct)
         for k in range(1, samples + 1):
-            assert bm.pass_at_k(samples, correct, k) == pytest.approx(brute_force_pass_at_k(outcomes, k))
+            assert pass_at_k(samples, correct, k) == pytest.approx(brute_force_pass_at_k(outcomes, k))
 
 
 def test_pass_at_k_large_n_matches_closed_form():
-    assert bm.pass_at_k(200, 13, 10) == pytest.approx(1 - comb(187, 10) / comb(200, 10))
-    assert bm.pass_at_k(20, 5, 1) == pytest.approx(0.25)
+    assert pass_at_k(200, 13, 10) == pytest.approx(1 - comb(187, 10) / comb(200, 10))
+    assert pass_at_k(20, 5, 1) == pytest.approx(0.25)
     with pytest.raises(ValueError):
-        bm.pass_at_k(5, 1, 10)
+        pass_at_k(5, 1, 10)
 
 
 # ---------------------------------------------------------------- HumanEval in the sandbox
@@ -129,7 +130,7 @@ def test_humaneval_scorer_reports_pass_at_k_over_all_samples(monkeypatch):
     scores = bm.score_humaneval(SQUARE_DOC, [samples])
     assert set(scores) == {"pass_at_1", "pass_at_5"}  # 6 samples: pass@10 is not defined
     assert scores["pass_at_1"] == pytest.approx(3 / 6)
-    assert scores["pass_at_5"] == pytest.approx(bm.pass_at_k(6, 3, 5))
+    assert scores["pass_at_5"] == pytest.approx(pass_at_k(6, 3, 5))
 
 
 def test_humaneval_completion_is_cut_at_top_level_code():

@@ -16,11 +16,11 @@ import pytest
 from lm_eval.api.model import LM
 
 from evalsuite.scoring import datasets as ds
+from evalsuite.tasks import TASKS_DIR as PACKAGE_TASKS
 
 from .helpers import shared_data
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TASKS_DIR = REPO_ROOT / "tasks"
+TASKS_DIR = Path(PACKAGE_TASKS)
 
 # task -> (data file, metric keys lm-eval reports as "metric,filter")
 TASKS = {

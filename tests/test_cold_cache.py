@@ -4,7 +4,7 @@ import pytest
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 
-import evalsuite  # noqa: F401  (registers specmoe)
+from evalsuite.lm import add_engine_metrics  # (registers specmoe)
 
 from .helpers import TASKS, shipped_model
 
@@ -22,7 +22,8 @@ def engine_metrics(engine_args: str, tasks: list[str]) -> dict[str, dict]:
     try:
         out = {}
         for task in tasks:
-            summary = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=3, task_manager=manager)["engine"][task]
+            results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=3, task_manager=manager)
+            summary = add_engine_metrics(results)["engine"][task]
             out[task] = {name: summary[name] for name in COUNTED} | {
                 "layers": {layer: row["hits"] for layer, row in summary["layers"].items()}}
         return out

@@ -7,7 +7,7 @@ import lm_eval
 import pytest
 from lm_eval.tasks import TaskManager
 
-import evalsuite  # noqa: F401  (registers specmoe)
+from evalsuite.lm import add_engine_metrics  # (registers specmoe)
 
 from .helpers import TASKS, shared_data, shipped_model
 
@@ -16,8 +16,9 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 
 
 def evaluate(model: str, model_args: str, tasks, limit: int):
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, limit=limit, device="cpu",
-                                   batch_size=1, log_samples=True, task_manager=TaskManager(include_path=TASKS))
+    results = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, limit=limit, device="cpu",
+                                      batch_size=1, log_samples=True, task_manager=TaskManager(include_path=TASKS))
+    return add_engine_metrics(results)
 
 
 def responses(results, task):

@@ -15,6 +15,7 @@ import pytest
 
 from evalsuite.scoring import answers
 from evalsuite.scoring import benchmarks as bm
+from evalsuite.scoring.code_eval import pass_at_k
 from evalsuite.scoring.sandbox import OUTPUT_LIMIT, SandboxLimits, run_python
 from tests.test_sandbox_leftovers import no_leftovers  # noqa: F401  (a fixture)
 
@@ -262,7 +263,7 @@ def test_evaluation_mixing_hostile_and_correct_samples(tmp_path, monkeypatch):
     passed = bm.run_completions(SQUARE_DOC, samples, SandboxLimits(wall_seconds=2.0, cpu_seconds=2))
     assert passed == [True] * 2 + [False] * len(hostile) + [True] * 2
     assert scores["pass_at_1"] == pytest.approx(4 / len(samples))
-    assert scores["pass_at_5"] == pytest.approx(bm.pass_at_k(len(samples), 4, 5))
+    assert scores["pass_at_5"] == pytest.approx(pass_at_k(len(samples), 4, 5))
     assert elapsed < 30
     if OWN_UID:
         assert canary.read_text() == "precious"

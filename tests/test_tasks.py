@@ -1,9 +1,10 @@
 """The lm-eval task YAMLs resolve their hooks from any working directory and serve the held-out items."""
 from pathlib import Path
 
+from evalsuite.tasks import TASKS_DIR as PACKAGE_TASKS
 from evalsuite.zoo.corpus import HELDOUT_SIZE, heldout_items
 
-TASKS_DIR = Path(__file__).resolve().parent.parent / "tasks"
+TASKS_DIR = Path(PACKAGE_TASKS)
 
 
 def test_tasks_load_with_include_path(tmp_path, monkeypatch):

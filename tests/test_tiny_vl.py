@@ -8,7 +8,7 @@ import torch
 from scipy import ndimage
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-import evalsuite  # noqa: F401  (registers the processor and the lm-eval models)
+from evalsuite.lm import add_engine_metrics  # (registers the processor and the lm-eval models)
 from evalsuite.scoring.answers import first_word, score_vision
 from evalsuite.zoo import gen_vision
 from evalsuite.zoo.corpus import heldout_vision_items, heldout_vision_keys, vision_training_items
@@ -135,8 +135,9 @@ def _run(model_name: str, model_args: str, limit: int) -> dict:
     lm = get_model(model_name).create_from_arg_string(model_args, {"batch_size": 1, "device": "cpu"})
     if model_name == "hf-multimodal":
         lm.model.set_experts_implementation("eager")  # the kernel the engine reproduces
-    return lm_eval.simple_evaluate(model=lm, tasks=["evalsuite_vision"], limit=limit, log_samples=True,
-                                   task_manager=TaskManager(include_path=TASKS))
+    results = lm_eval.simple_evaluate(model=lm, tasks=["evalsuite_vision"], limit=limit, log_samples=True,
+                                      task_manager=TaskManager(include_path=TASKS))
+    return add_engine_metrics(results)
 
 
 def test_specmoe_vlm_answers_exactly_as_hf_multimodal():

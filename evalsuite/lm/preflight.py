@@ -51,10 +51,10 @@ def check_predictor(modes, predictor: str | None) -> None:
 
 
 def task_manager():
-    """lm-eval's index of its tasks and the project's (tasks/); building it takes a second or two."""
+    """lm-eval's index of its tasks and the project's (evalsuite/tasks/); building it takes a second or two."""
     from lm_eval.tasks import TaskManager
 
-    from .suite import TASKS_DIR
+    from ..tasks import TASKS_DIR
 
     return TaskManager(include_path=TASKS_DIR)
 
@@ -113,7 +113,7 @@ def _known_tasks(tasks_of: dict, manager) -> list[str]:
     unknown = [task for task in requested if task not in manager.all_tasks]
     if unknown:
         raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
-                         "(or `lm_eval ls tasks --include_path tasks`)")
+                         "(or `lm_eval ls tasks --include_path \"$(python -m evalsuite.tasks)\"`)")
     return requested
 
 

@@ -1,16 +1,16 @@
 """Engine metrics inside lm-eval's own results, so its table and JSON show them.
 
-lm-eval has no hook for model-side metrics, so `evaluate` is wrapped: after it returns, each
-task's engine measurements are added as `<metric>,engine` entries of results["results"][task]
-and in full (per layer) under results["engine"][task]. Runs with other models are untouched.
+lm-eval has no hook for model-side metrics; the one thing a model hands back into the results is
+`get_model_info()`, which simple_evaluate merges into results["config"]. The adapters report their
+per-task engine summaries there (under TASK_SUMMARIES), and `add_engine_metrics`, called where the
+results are used, moves them to where lm-eval's table reads: `<metric>,engine` entries of
+results["results"][task], and in full (per layer) under results["engine"][task]. Results of other
+models are untouched.
 """
 from __future__ import annotations
 
-import functools
-
-import lm_eval.evaluator as evaluator
-
 ENGINE_FILTER = "engine"
+TASK_SUMMARIES = "evalsuite_engine_by_task"  # the key in results["config"] the adapters fill
 
 
 def engine_entries(summary: dict) -> dict[str, float]:
@@ -33,26 +33,15 @@ def engine_entries(summary: dict) -> dict[str, float]:
     return {f"{name},{ENGINE_FILTER}": value for name, value in entries.items() if value is not None}
 
 
-def add_engine_metrics(results: dict, summaries: dict[str, dict]) -> dict:
-    results.setdefault("engine", {})
+def add_engine_metrics(results: dict) -> dict:
+    """The results of `lm_eval.simple_evaluate` with a specmoe model, its engine metrics added (in place).
+
+    Only the tasks of these results get entries: a model evaluated task by task reports every task so far."""
+    summaries = (results.get("config") or {}).pop(TASK_SUMMARIES, None) or {}
+    if summaries:
+        results.setdefault("engine", {})
     for task, summary in summaries.items():
         if task in results.get("results", {}):
             results["results"][task].update(engine_entries(summary))
             results["engine"][task] = summary
     return results
-
-
-def _wrap(evaluate):
-    @functools.wraps(evaluate)
-    def evaluate_with_engine_metrics(lm, *args, **kwargs):
-        results = evaluate(lm, *args, **kwargs)
-        if results is not None and hasattr(lm, "engine_summaries"):
-            add_engine_metrics(results, lm.engine_summaries())
-        return results
-
-    evaluate_with_engine_metrics.__evalsuite__ = True
-    return evaluate_with_engine_metrics
-
-
-if not getattr(evaluator.evaluate, "__evalsuite__", False):
-    evaluator.evaluate = _wrap(evaluator.evaluate)

@@ -17,6 +17,7 @@ from ..engine import offload
 from ..engine.options import check_options
 from ..engine.metrics import EngineRecord
 from ..predict import fingerprint
+from .results import TASK_SUMMARIES
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
@@ -87,8 +88,11 @@ class EngineAdapter:
         return fingerprint(self.model, self.engine.layers)
 
     def get_model_info(self) -> dict:
+        """lm-eval merges this into results["config"]: the engine's configuration, and the per-task engine
+        summaries that `add_engine_metrics` moves into the results."""
         info = super().get_model_info()
         info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe()}
+        info[TASK_SUMMARIES] = self.engine_summaries()
         return info
 
 

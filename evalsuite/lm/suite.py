@@ -20,12 +20,13 @@ from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
+from ..tasks import TASKS_DIR
 from ..engine.offload import PREDICTING
 from .preflight import check_eval, predictor_for, task_configs, unsafe_tasks
+from .results import add_engine_metrics
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
-TASKS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tasks")
 
 
 def is_vision_language(model: str) -> bool:
@@ -172,6 +173,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                                                       task_manager=manager, random_seed=seed,
                                                       numpy_random_seed=seed, torch_random_seed=seed,
                                                       confirm_run_unsafe_code=confirm_run_unsafe_code)
+                    add_engine_metrics(results)
                     if mode == "resident":
                         reference[task] = results
                     diverged = divergence(results, reference[task], tokenizer) if task in reference and \

@@ -9,13 +9,12 @@ where `resps[i]` is the list of generations (one per repeat) for document `i`. S
 """
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Sequence
 
 from evalsuite.scoring.answers import (
-    NO_ANSWER, code_passes, extract_boxed_integer, extract_last_number, parse_integer, same_number,
+    NO_ANSWER, code_program, extract_boxed_integer, extract_last_number, parse_integer, same_number,
 )
+from evalsuite.scoring.code_eval import mean_pass_at_k, run_programs
 from evalsuite.scoring.sandbox import SandboxLimits
 
 # ---------------------------------------------------------------- filters
@@ -72,29 +71,12 @@ PASS_AT_K = (1, 5, 10)
 
 def run_completions(doc: dict, completions: Sequence[str], limits: SandboxLimits | None = None) -> list[bool]:
     """Whether each completion passes its tests; each runs in its own sandboxed interpreter, in parallel."""
-    limits = limits or HUMANEVAL_LIMITS
-    workers = max(1, min(len(completions), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:  # threads only wait on subprocesses
-        return list(pool.map(lambda c: code_passes(doc, c, limits), completions))
-
-
-def pass_at_k(samples: int, correct: int, k: int) -> float:
-    """Unbiased pass@k (Chen et al., 2021): 1 - C(n-c, k) / C(n, k), as a stable running product."""
-    if k > samples:
-        raise ValueError(f"pass@{k} needs at least {k} samples, got {samples}")
-    if samples - correct < k:
-        return 1.0
-    missing_all = 1.0
-    for drawn in range(samples - correct + 1, samples + 1):
-        missing_all *= 1.0 - k / drawn
-    return 1.0 - missing_all
+    programs = [code_program(doc, completion) for completion in completions]
+    return [result.passed for result in run_programs(programs, limits or HUMANEVAL_LIMITS)]
 
 
 def score_humaneval(doc: dict, results: list) -> dict[str, float]:
     """pass@k for every k in PASS_AT_K that the number of samples (the task's `repeats`) allows."""
     completions = results[0] if isinstance(results[0], (list, tuple)) else results
     passed = run_completions(doc, list(completions))
-    return {
-        f"pass_at_{k}": pass_at_k(len(passed), sum(passed), k)
-        for k in PASS_AT_K if k <= len(passed)
-    }
+    return {f"pass_at_{k}": value for k, value in mean_pass_at_k([passed], PASS_AT_K).items()}

@@ -1,15 +1,15 @@
 """lm-eval `!function` hooks for every task in this folder (the project's own and the benchmarks).
 
-lm-eval imports this file by path (relative to the YAML files), so it puts the repository
-root on sys.path itself; that makes `--include_path tasks` work from any working directory
-without installing the package.
+lm-eval imports this file by path (relative to the YAML files), so it puts the folder that holds
+the evalsuite package on sys.path itself; that makes `--include_path evalsuite/tasks` work from
+any working directory in a source checkout that is not installed.
 """
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent
+if str(PACKAGE_PARENT) not in sys.path:
+    sys.path.insert(0, str(PACKAGE_PARENT))
 
 from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_vision, score_yesno  # noqa: E402,F401
 from evalsuite.scoring.benchmarks import (  # noqa: E402,F401
