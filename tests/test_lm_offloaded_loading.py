@@ -69,3 +69,22 @@ def test_options_only_from_pretrained_applies_are_refused_without_it():
     with pytest.raises(ValueError, match="specmoe: peft= cannot be applied to a model loaded without") as no:
         adapter("mode=on-demand,store=disk,peft=some/adapter")
     assert "\n" not in str(no.value)
+
+
+def test_the_vision_language_adapter_loads_without_its_experts_too(monkeypatch):
+    vl_model, task = shipped_model("tiny-qwen3-vl-moe"), "evalsuite_vision"
+    manager = TaskManager(include_path=TASKS)
+
+    def run(model_args: str):
+        lm = get_model("specmoe-vlm").create_from_arg_string(f"pretrained={vl_model},{model_args}",
+                                                             {"batch_size": 1, "device": "cpu"})
+        results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=3, log_samples=True, task_manager=manager)
+        return lm, {s["doc_id"]: s["resps"] for s in results["samples"][task]}
+
+    _, want = run("mode=resident")
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the whole model was loaded"))
+    lm, got = run("mode=on-demand,store=disk,cache_capacity=0.25")
+    assert lm.engine.unloaded and lm.engine.device_expert_bytes() == lm.engine.cache.nbytes
+    assert got == want
+    lm.engine.close()
