@@ -53,9 +53,11 @@ def test_settings_reach_lm_eval_and_the_stored_run_and_tell_runs_apart(tmp_path)
     assert results["engine"]["evalsuite_yesno"]["requests"] == 2
 
     assert suite(db, out, batch_size=2, gen_kwargs="max_gen_toks=4", seed=3)[0]["run"] == 1  # resumed, not re-run
-    for changed in ({"batch_size": 1}, {"gen_kwargs": "max_gen_toks=5"}, {"seed": 4}):
+    for changed in ({"batch_size": 1}, {"gen_kwargs": "max_gen_toks=5"}, {"seed": 4}, {"dtype": "bfloat16"}):
         suite(db, out, **{"batch_size": 2, "gen_kwargs": "max_gen_toks=4", "seed": 3, **changed})
-    assert len(stored(db)) == 4  # each differing setting made a run of its own
+    configs = stored(db)
+    assert len(configs) == 5  # each differing setting made a run of its own
+    assert configs[0]["dtype"] == "float32" and configs[4]["dtype"] == "bfloat16"  # the checkpoint's own, then asked
 
 
 @pytest.mark.skipif(shared_data() is None, reason="benchmark data directory (../shared/data) not found")
