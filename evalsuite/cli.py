@@ -34,6 +34,23 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """What `evalsuite eval` hands the adapter (device, dtype, batch size) and lm-eval (the rest), named as in lm_eval."""
+    p.add_argument("--device", default="cpu", help="where the non-expert weights and the expert cache go: cpu, cuda, "
+                                                   "cuda:1 (offloading modes keep the other experts off it, so the "
+                                                   "model need not fit there; resident needs every expert there)")
+    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16 (default: the checkpoint's own)")
+    p.add_argument("--batch-size", type=int, default=1, help="requests per batch (left-padded; exact modes stay "
+                                                             "exact against resident at the same batch size)")
+    p.add_argument("--num-fewshot", type=int, default=None,
+                   help="few-shot examples per prompt (default: each task's own)")
+    p.add_argument("--gen-kwargs", default=None,
+                   help="generation arguments for every generating task, e.g. temperature=0.7,do_sample=True")
+    p.add_argument("--seed", type=int, default=0, help="Python, numpy, torch and few-shot sampling seed")
+    p.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="TEMPLATE",
+                   help="format prompts with the tokenizer's chat template (or the one named TEMPLATE)")
+
+
 def _add_sandbox_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=("namespaces", "weak"), default="namespaces",
                    help="confinement for generated code: namespaces (default; needs root with CAP_SYS_ADMIN) or "
@@ -100,6 +117,10 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+# lm-eval's and the adapter's settings that `evalsuite eval` passes on (evalsuite.lm.preflight.check_run_options)
+RUN_FLAGS = ("device", "dtype", "batch_size", "num_fewshot", "gen_kwargs", "apply_chat_template", "seed")
+
+
 def as_flags(message: str) -> str:
     """An engine option as lm-eval's model_args spell it (`predictor_path=X`) -> as this command's flag
     (`--predictor-path X`), so an error tells the user the syntax of the interface they are in."""
@@ -107,7 +128,7 @@ def as_flags(message: str) -> str:
 
     from .engine.options import RULES
 
-    names = "|".join(sorted({*RULES, "cache_capacity", "link", "predictor_path"}, key=len, reverse=True))
+    names = "|".join(sorted({*RULES, *RUN_FLAGS, "cache_capacity", "link", "predictor_path"}, key=len, reverse=True))
     return re.sub(rf"\b({names})=", lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
 
 
@@ -135,7 +156,8 @@ def _eval(args) -> int:
     modes = split_names(args.modes, "--modes")
     # the whole request is checked before run_suite loads the first model or stores anything
     engine = dict(predictor=args.predictor, predictor_path=args.predictor_path, cache_capacity=args.cache_capacity,
-                  link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store)
+                  link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store,
+                  **{name: getattr(args, name) for name in RUN_FLAGS})
     check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
     rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out,
@@ -247,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow scoring generated code (in the sandbox): needed by code tasks")
     _add_sandbox_option(e)
     _add_engine_options(e)
+    _add_run_options(e)
     e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "

@@ -143,3 +143,21 @@ def test_generate_loads_a_directory_without_experts_for_the_disk_store(saved):
     assert arch.sparse_layers(model)[0].experts.gate_up_proj.is_meta
     model, _ = load_model(saved["olmoe"], "float32", "cpu")
     assert not arch.sparse_layers(model)[0].experts.gate_up_proj.is_meta
+
+
+def test_a_checkpoint_with_fused_experts_is_read_one_expert_at_a_time():
+    """Qwen3-VL-MoE checkpoints keep each layer's experts fused ([E, ...] tensors): the disk store reads one
+    expert's slice of them, and the model built without its experts gives the loaded model's tokens."""
+    from transformers import AutoModelForImageTextToText
+
+    from .helpers import shipped_model
+
+    path = shipped_model("tiny-qwen3-vl-moe")
+    ids, mask = batch(2, vocab=100)
+    whole = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    whole.set_experts_implementation("eager")
+    skeleton = load_skeleton(path, torch.float32, "cpu", AutoModelForImageTextToText)
+    with torch.no_grad(), offload(skeleton, mode="on-demand", store="disk", cache_capacity=0.25):
+        got = skeleton.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    want = whole.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)

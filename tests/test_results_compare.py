@@ -126,7 +126,8 @@ def configured_run(db, correct, task="arith", **config) -> int:
     return run_id
 
 
-SAME = {"model_fingerprint": "f00d", "tasks": ["arith"], "limit": 10, "num_fewshot": 0, "seed": 1234}
+SAME = {"model_fingerprint": "f00d", "tasks": ["arith"], "limit": 10, "num_fewshot": 0, "seed": 1234, "batch_size": 1,
+        "gen_kwargs": None, "apply_chat_template": False}
 
 
 @pytest.mark.parametrize("changed, said", [
@@ -134,7 +135,11 @@ SAME = {"model_fingerprint": "f00d", "tasks": ["arith"], "limit": 10, "num_fewsh
     ({"tasks": ["arith", "yesno"]}, "task set (arith vs arith,yesno)"),
     ({"limit": 5}, "limit (10 vs 5)"),
     ({"num_fewshot": 5}, "few-shot (0 vs 5)"),
-    ({"seed": 7}, "seed (1234 vs 7)")])
+    ({"seed": 7}, "seed (1234 vs 7)"),
+    ({"batch_size": 4}, "batch size (1 vs 4)"),
+    ({"gen_kwargs": {"temperature": 0.7, "do_sample": True}},
+     "generation arguments (none vs do_sample=True,temperature=0.7)"),
+    ({"apply_chat_template": True}, "chat template (False vs True)")])
 def test_runs_that_measured_different_things_are_refused_unless_forced(tmp_path, changed, said):
     db = open_db(tmp_path)
     run_a = configured_run(db, [1, 0, 1, 1] * 3, **SAME)

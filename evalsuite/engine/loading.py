@@ -17,15 +17,16 @@ from . import arch
 from .store import EXPERT_PARAMS, Checkpoint
 
 
-def load_skeleton(path: str, dtype: torch.dtype = torch.bfloat16, device="cpu"):
+def load_skeleton(path: str, dtype: torch.dtype = torch.bfloat16, device="cpu", auto_class=AutoModelForCausalLM):
     """The model saved at `path` with its non-expert weights on `device` and no expert weights.
 
-    Greedy outputs equal those of `from_pretrained(path, dtype=dtype)` once it is offloaded; the
-    model computes experts with the eager kernel (the order the engine reproduces bit for bit)."""
+    Greedy outputs equal those of `auto_class.from_pretrained(path, dtype=dtype)` once it is offloaded
+    (`auto_class`: AutoModelForImageTextToText for a vision-language model); the model computes experts
+    with the eager kernel (the order the engine reproduces bit for bit)."""
     config = AutoConfig.from_pretrained(path)
     arch.check_config(config, path)
     with init_empty_weights(include_buffers=False):  # buffers (rotary tables) are computed, keep them
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = auto_class.from_config(config, dtype=dtype)
     model.config._name_or_path = path
     layers = arch.sparse_layers(model)
     experts = {f"{layer.experts_path}.{name}" for layer in layers for name in EXPERT_PARAMS}

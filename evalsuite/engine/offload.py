@@ -92,7 +92,7 @@ class Engine(ExpertFetching):
                       link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
                       horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
                       drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
-                      trace=trace)
+                      trace=trace, **({} if device is None else {"device": device}))
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
         self.model, self.mode = model, mode
@@ -102,7 +102,8 @@ class Engine(ExpertFetching):
         if any(ExpertLayout.of(layer.experts) != self.layout for layer in self.layers):
             raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
         self.unloaded = placement.experts_unloaded(self.layers, self.layout)  # built without its experts
-        self.device = _device(device) if device is not None else placement.home_device(model, self.layers, self.layout)
+        self.device = (torch.device(device) if device is not None
+                       else placement.home_device(model, self.layers, self.layout))
         self.timeout_s = transfer_timeout_s
         self.link = parse_link(link)
         self.record = self._fresh_record()
@@ -348,11 +349,6 @@ class Engine(ExpertFetching):
         self.close()
 
 
-def _device(device) -> torch.device:
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device={device!r} is not a device: use e.g. 'cuda', 'cuda:1' or 'cpu'") from None
 
 
 def _rows(args, kwargs) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import torch
+
 from .cache import POLICIES, capacity_in_experts
 from .prediction import PREDICTORS
 from .transfer import parse_link
@@ -56,6 +58,29 @@ RULES = {
 }
 
 
+def check_device(value) -> None:
+    """A device this machine has: refused in one line before any model loads, never a traceback from the
+    first copy onto it. `cuda` without CUDA (or a CPU-only torch) and `cuda:N` past the last GPU are refused."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={value!r} is not a device: use e.g. device=cpu, device=cuda or device=cuda:1") \
+            from None
+    if device.type == "cpu":
+        return
+    backend = getattr(torch, device.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        cuda = device.type == "cuda"
+        build = " (this torch is a CPU-only build)" if cuda and torch.version.cuda is None else ""
+        wheel = " and a torch built for it, e.g. make TORCH=torch==2.13.0+cu128" if cuda else ""
+        raise ValueError(f"device={value!r}: this machine has no {device.type.upper()} device{build}; use device=cpu, "
+                         f"or run on a machine with one{wheel}")
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device={value!r}: this machine has {count} {device.type.upper()} device(s), "
+                         f"{device.type}:0 to {device.type}:{count - 1}")
+
+
 def check_options(**options) -> None:
     """Raise ValueError for the first option of the wrong type or out of range. Options this module
     has no rule for are left to their consumer (an unknown name fails as a TypeError there)."""
@@ -64,6 +89,8 @@ def check_options(**options) -> None:
             capacity_in_experts(value, total_experts=1, expert_bytes=1)  # the cache's own rule
         elif name == "link":
             parse_link(value)
+        elif name == "device":
+            check_device(value)
         elif name in RULES:
             valid, must = RULES[name]
             if not valid(value):

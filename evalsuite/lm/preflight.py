@@ -13,11 +13,13 @@ import os
 from ..engine import arch
 from ..engine.offload import PREDICTING
 from ..engine.options import check_options
+from ..hub import local_model
 
 # the predictor a mode runs when none is given; `hybrid` is the estimator on drift layers plus quasi
 DEFAULT_PREDICTOR = {"resident": None, "on-demand": None, "router-preserving": "gate", "speculative": "gate",
                      "hybrid": "hybrid"}
 CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def split_names(text: str, flag: str) -> list[str]:
@@ -50,6 +52,33 @@ def check_predictor(modes, predictor: str | None) -> None:
                          "leave --predictor out, and each mode runs its own")
 
 
+def parse_gen_kwargs(text: str | dict | None) -> dict | None:
+    """lm-eval's `--gen_kwargs` syntax, 'temperature=0.7,do_sample=True' -> a dict (values typed as lm-eval
+    types them); each item needs a name and a value."""
+    if text is None or isinstance(text, dict):
+        return text or None
+    from lm_eval.utils import simple_parse_args_string
+
+    items = [item for item in text.split(",") if item.strip()]
+    bad = [item for item in items if "=" not in item or not item.split("=", 1)[0].strip()]
+    if bad or not items:
+        raise ValueError(f"gen_kwargs={text!r}: give name=value pairs separated by commas, "
+                         "e.g. gen_kwargs=temperature=0.7,do_sample=True")
+    return simple_parse_args_string(text)
+
+
+def check_run_options(device="cpu", dtype=None, batch_size=1, num_fewshot=None, gen_kwargs=None, seed=0) -> None:
+    """What lm-eval and the adapter are handed besides the engine options: refused in one line, spelled as
+    model_args (`batch_size=0`; the CLI shows its own flags), before any model loads."""
+    check_options(device=device)
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of: {', '.join(DTYPES)}")
+    for name, value, least in (("batch_size", batch_size, 1), ("num_fewshot", num_fewshot, 0), ("seed", seed, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name}={value!r} must be a whole number of at least {least}")
+    parse_gen_kwargs(gen_kwargs)
+
+
 def task_manager():
     """lm-eval's index of its tasks and the project's (evalsuite/tasks/); building it takes a second or two."""
     from lm_eval.tasks import TaskManager
@@ -61,10 +90,12 @@ def task_manager():
 
 def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
                cache_policy=None, cache_pools=None, store=None, db_url=None, confirm_run_unsafe_code=False,
-               manager=None, open_db=True, model_files=True) -> None:
+               manager=None, open_db=True, model_files=True, device="cpu", dtype=None, batch_size=1,
+               num_fewshot=None, gen_kwargs=None, apply_chat_template=False, seed=0) -> None:
     """Refuse a bad eval request (the arguments of `run_suite`) with a one-line ValueError or
     FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep opens it once);
-    `model_files=False` skips what only the machine running the model can check (a Ray cluster's)."""
+    `model_files=False` skips what only the machine running the model can check (a Ray cluster's:
+    its models, Hub ids resolved there, and its devices)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"--limit must be a whole number of at least 1, not {limit!r}")
     if not models:
@@ -77,16 +108,18 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
                   **{k: v for k, v in dict(cache_policy=cache_policy, cache_pools=cache_pools, store=store).items()
                      if v is not None})
     check_predictor(modes, predictor)
+    check_run_options(device if model_files else "cpu", dtype, batch_size, num_fewshot, gen_kwargs, seed)
     manager = manager or task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     requested = _known_tasks(tasks_of, manager)
+    if num_fewshot is not None:
+        check_fewshot(requested, num_fewshot, manager)
     if open_db:
         from ..results import ResultsDB
 
         ResultsDB(db_url).close()  # a bad or unreachable URL fails here
-    if model_files:  # a missing model is named before the code tasks its defaults would bring
-        for model in models:
-            check_model_directory(model)
+    # a missing model is named before the code tasks its defaults would bring; a Hub id is resolved here
+    paths = [local_model(model) for model in models] if model_files else []
     unsafe = unsafe_tasks(requested, manager)
     if unsafe and not confirm_run_unsafe_code:
         raise ValueError(f"{', '.join(unsafe)} run(s) model-written code (in the sandbox): {CONFIRM}")
@@ -97,9 +130,11 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
             confinement_to_use()
         except SandboxUnavailable as exc:
             raise ValueError(str(exc)) from None
+    for path in paths:
+        check_model(path)
+        if apply_chat_template:
+            check_chat_template(path, apply_chat_template)
     if model_files:
-        for model in models:
-            check_model(model)
         if predictor_path and any(mode in PREDICTING for mode in modes) and not os.path.isfile(predictor_path):
             raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
@@ -115,6 +150,16 @@ def _known_tasks(tasks_of: dict, manager) -> list[str]:
         raise ValueError(f"unknown task {', '.join(unknown)}: the tasks are listed in docs/tasks.md "
                          "(or `lm_eval ls tasks --include_path \"$(python -m evalsuite.tasks)\"`)")
     return requested
+
+
+def check_fewshot(names, num_fewshot: int, manager) -> None:
+    """lm-eval never overrides a task whose config fixes `num_fewshot: 0`: asking for examples there would be
+    silently ignored, and the run stored with a few-shot it did not use."""
+    fixed = sorted({task for name in names for task, cfg in task_configs(name, manager) if cfg.get("num_fewshot") == 0})
+    if fixed and num_fewshot != 0:
+        raise ValueError(f"num_fewshot={num_fewshot}: {', '.join(fixed)} fix(es) num_fewshot: 0 in the task config, "
+                         "which lm-eval never overrides; leave num_fewshot out for them, or choose a few-shot task "
+                         "(e.g. gsm8k_es_5shot)")
 
 
 def unsafe_tasks(names, manager) -> list[str]:
@@ -147,8 +192,21 @@ def task_configs(name, manager, seen=None):
 
 def check_model_directory(model: str) -> None:
     if not os.path.isfile(os.path.join(model, "config.json")):
-        raise FileNotFoundError(f"no model directory {model!r} (with a config.json): pass --model DIR "
-                                "(make eval MODEL=DIR), or train the shipped ones with `make tiny-models`")
+        raise FileNotFoundError(f"no model directory {model!r} (with a config.json): pass --model DIR or a Hub id "
+                                "(make eval MODEL=...), or train the shipped ones with `make tiny-models`")
+
+
+def check_chat_template(model: str, template) -> None:
+    """--apply-chat-template needs a tokenizer with a chat template (the named one, when a name is given)."""
+    from transformers import AutoTokenizer
+
+    templates = AutoTokenizer.from_pretrained(model).chat_template
+    if not templates:
+        raise ValueError(f"apply_chat_template: the tokenizer of {model!r} has no chat template; leave "
+                         "apply_chat_template out for this model")
+    if isinstance(template, str) and isinstance(templates, dict) and template not in templates:
+        raise ValueError(f"apply_chat_template={template!r}: the tokenizer of {model!r} has the templates "
+                         f"{', '.join(templates)}")
 
 
 def check_model(model: str) -> None:

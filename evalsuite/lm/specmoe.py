@@ -4,18 +4,27 @@ Every argument of lm-eval's `hf` (text) or `hf-multimodal` (vision-language) mod
 working; the engine's options are extra model_args. lm-eval hands the model all tasks'
 requests at once, interleaved; these adapters run each task's requests as their own group, so
 the engine's measurements are attributed to the task that caused them.
+
+On a device other than the CPU, or with `store=disk`, the model is never loaded whole: it is built
+with its experts on the meta device and only its non-expert weights are read onto the device
+(evalsuite.engine.loading), so a model larger than the device (and, with the disk store, than host
+memory) runs. `pretrained` may be a Hugging Face Hub id, resolved through the local cache.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils_hf import get_dtype
 
 from ..engine import offload
+from ..engine.loading import load_skeleton
 from ..engine.options import check_options
 from ..engine.metrics import EngineRecord
+from ..hub import local_model
 from ..predict import fingerprint
 from .results import TASK_SUMMARIES
 
@@ -24,6 +33,11 @@ ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_p
                "recall_k", "drift_layers", "preserve_layers")
 # model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8
 LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
+LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
+# what lm-eval hands its loader that does not change the weights; any other loading option (peft, delta,
+# parallelize, quantization, gguf_file, from_pretrained keywords) acts on from_pretrained, which a model built
+# without its experts never calls
+LOADER_IGNORED = ("revision", "trust_remote_code", "gpus", "max_memory_per_gpu", "max_cpu_memory", "offload_folder")
 
 
 def parse_list(name: str, value) -> list[int]:
@@ -47,11 +61,45 @@ def check_engine_args(args: dict) -> None:
 class EngineAdapter:
     """What both adapters add to their lm-eval base class: the engine, and metrics per task."""
 
-    def _offload(self, engine_args: dict, experts_implementation: str) -> None:
+    def _start(self, pretrained, kwargs: dict, mode, cache_capacity, experts_implementation):
+        """Before lm-eval's __init__ loads anything: the checked engine options, the device, and the model's
+        local directory (a Hub id resolved); decides whether the model is loaded without its experts."""
+        self.engine_args = _engine_args(kwargs, mode, cache_capacity)
+        self.experts_implementation = experts_implementation
+        self.engine = None
+        # off the CPU, or with the disk store, the experts must never be read whole
+        self.builds_without_experts = (torch.device(kwargs["device"]).type != "cpu"
+                                       or self.engine_args.get("store") == "disk")
+        if isinstance(pretrained, str):
+            pretrained = local_model(pretrained, kwargs.get("revision"), flag="pretrained=DIR")
+        return pretrained
+
+    def _create_model(self, pretrained, dtype="auto", **kwargs) -> None:
+        """lm-eval's loader, or (see builds_without_experts) the model built with its experts on the meta device
+        and offloaded at once, so that lm-eval's later `model.to(device)` finds only device tensors."""
+        if not self.builds_without_experts:
+            return super()._create_model(pretrained, dtype=dtype, **kwargs)
+        given = [name for name, value in kwargs.items() if value and name not in LOADER_IGNORED]
+        if given:
+            raise ValueError(f"specmoe: {given[0]}= cannot be applied to a model loaded without its experts "
+                             f"(device={self.device} or store=disk); leave it out, or use device=cpu with store=host")
+        self._model = load_skeleton(pretrained, self._dtype(dtype), self.device, self.AUTO_MODEL_CLASS)
+        self._offload()
+
+    def _dtype(self, dtype) -> torch.dtype:
+        """lm-eval's dtype; 'auto' is the checkpoint's own (its config's dtype), float32 where it names none."""
+        dtype = get_dtype(dtype)
+        if dtype != "auto":
+            return dtype
+        named = getattr(self.config, "dtype", None) or getattr(self.config.get_text_config(), "dtype", None)
+        return get_dtype(named) if isinstance(named, str) else (named or torch.float32)
+
+    def _offload(self) -> None:
+        if self.engine is not None:  # offloaded while loading (builds_without_experts)
+            return
         # The engine reproduces the eager kernel bit for bit; compare with `hf` running eager too.
-        self.model.set_experts_implementation(experts_implementation)
-        self.engine = offload(self.model, **engine_args)
-        self.engine_args = engine_args
+        self.model.set_experts_implementation(self.experts_implementation)
+        self.engine = offload(self.model, device=self.device, **self.engine_args)
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
@@ -105,7 +153,11 @@ def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
     # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
     engine_args.update(mode=mode, cache_capacity=cache_capacity)
     check_engine_args(engine_args)
-    kwargs.setdefault("device", "cpu")
+    # lm-eval's command fills in device=cuda:0 when --device is not given, and its hf model then runs on the CPU
+    # where there is no GPU; any other device this machine lacks (device=cuda) is one line, before anything loads
+    if kwargs.get("device") is None or (kwargs["device"] == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available()):
+        kwargs["device"] = "cpu"
+    check_engine_args({"device": kwargs["device"]})
     return engine_args
 
 
@@ -117,9 +169,9 @@ class SpecMoELM(EngineAdapter, HFLM):
 
     def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
                  **kwargs):
-        engine_args = _engine_args(kwargs, mode, cache_capacity)
+        pretrained = self._start(pretrained, kwargs, mode, cache_capacity, experts_implementation)
         super().__init__(pretrained=pretrained, **kwargs)
-        self._offload(engine_args, experts_implementation)
+        self._offload()
 
 
 @register_model("specmoe-vlm")
@@ -129,6 +181,6 @@ class SpecMoEVLM(EngineAdapter, HFMultimodalLM):
 
     def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
                  **kwargs):
-        engine_args = _engine_args(kwargs, mode, cache_capacity)
+        pretrained = self._start(pretrained, kwargs, mode, cache_capacity, experts_implementation)
         super().__init__(pretrained=pretrained, **kwargs)
-        self._offload(engine_args, experts_implementation)
+        self._offload()

@@ -22,16 +22,17 @@ from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..tasks import TASKS_DIR
 from ..engine.offload import PREDICTING
-from .preflight import check_eval, predictor_for, task_configs, unsafe_tasks
+from ..hub import is_hub_id, local_model
+from .preflight import check_eval, parse_gen_kwargs, predictor_for, task_configs, unsafe_tasks
 from .results import add_engine_metrics
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
-SEED = 0  # lm-eval's default random seed (few-shot sampling, sampled generation)
+SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
 
 
 def is_vision_language(model: str) -> bool:
-    """A model directory whose config has a vision tower (run through specmoe-vlm)."""
-    path = os.path.join(model, "config.json")
+    """A model (directory or Hub id) whose config has a vision tower (run through specmoe-vlm)."""
+    path = os.path.join(local_model(model) if is_hub_id(model) else model, "config.json")
     if not os.path.isfile(path):
         return False  # run_suite reports the missing model
     with open(path) as f:
@@ -39,10 +40,12 @@ def is_vision_language(model: str) -> bool:
 
 
 def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
-               link: str | None, extra: str = "", **engine_options) -> str:
+               link: str | None, extra: str = "", dtype: str | None = None, **engine_options) -> str:
     """lm-eval's model_args for one run: the mode's own predictor where none is given, and only the options
     the mode uses; `engine_options` (cache_policy, cache_pools, store) go to every offloading mode."""
     args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
+    if dtype is not None:
+        args.append(f"dtype={dtype}")
     predictor = predictor_for(mode, predictor)
     if predictor:
         args.append(f"predictor={predictor}")
@@ -100,13 +103,17 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
 
 def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
               cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results",
-              confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED,
+              confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED, device="cpu", dtype=None,
+              batch_size=1, num_fewshot=None, gen_kwargs=None, apply_chat_template=False,
               extra_config: dict | None = None) -> list[dict]:
     """Evaluate every (model, mode) over `tasks` (a list for all models, or a dict: model -> its tasks);
     each task lands in the database as soon as it is done.
 
+    `device`, `dtype`, `batch_size` go to the adapter; `num_fewshot`, `gen_kwargs` (lm-eval's
+    'name=value,...' or a dict), `apply_chat_template` (True or a template's name) and `seed` to lm-eval.
     A run made earlier with exactly the same configuration (model fingerprint, mode, predictor and
-    artifact, cache, link, limit, tasks, code version) is resumed: its stored tasks are kept and only
+    artifact, cache, link, limit, tasks, device, dtype, batch size, few-shot, generation arguments, chat
+    template, seed, code version) is resumed: its stored tasks are kept and only
     the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
     stored once. A task cut off mid-way is run again whole, so its engine metrics stay complete.
     `fresh=True` always starts new runs. `extra_config` is stored with each run's configuration (a sweep
@@ -123,30 +130,36 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
     manager = TaskManager(include_path=TASKS_DIR)
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
+    run_options = dict(device=device, dtype=dtype, batch_size=batch_size, num_fewshot=num_fewshot,
+                       gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template, seed=seed)
     check_eval(models, modes, tasks_of, limit, predictor=predictor, predictor_path=predictor_path,
                cache_capacity=cache_capacity, link=link, cache_policy=cache_policy, cache_pools=cache_pools,
-               store=store, confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False)
+               store=store, confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False,
+               **run_options)
+    gen_kwargs = parse_gen_kwargs(gen_kwargs)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
     rows = []
     for model in models:
         tasks = tasks_of[model]
-        adapter = "specmoe-vlm" if is_vision_language(model) else "specmoe"
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        path = local_model(model)  # a Hub id: its snapshot in the local Hugging Face cache
+        adapter = "specmoe-vlm" if is_vision_language(path) else "specmoe"
+        tokenizer = AutoTokenizer.from_pretrained(path)
         # what confined the generated code of this model's runs (None: no task runs code)
         sandbox = confinement_to_use() if unsafe_tasks(tasks, manager) else None
         reference: dict[str, dict] = {}
         for mode in modes:
-            name = os.path.basename(model.rstrip("/"))
-            args = model_args(model, mode, predictor, predictor_path, cache_capacity, link,
+            # a local directory is known by its name, so gates and reports work from any checkout; a Hub model by its id
+            name = model if is_hub_id(model) else os.path.basename(model.rstrip("/"))
+            args = model_args(path, mode, predictor, predictor_path, cache_capacity, link, dtype=dtype,
                               cache_policy=cache_policy, cache_pools=cache_pools, store=store)
-            lm = get_model(adapter).create_from_arg_string(args, {"batch_size": 1, "device": "cpu"})
-            # a local directory is known by its name, so gates and reports work from any checkout
-            config = {"model": name if os.path.isdir(model) else model, "model_path": os.path.abspath(model),
+            lm = get_model(adapter).create_from_arg_string(args, {"batch_size": batch_size, "device": device})
+            config = {"model": name, "model_path": os.path.abspath(path),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
                       "predictor_artifact": file_hash(predictor_path), "seed": seed,
                       "cache_capacity": str(cache_capacity) if mode != "resident" else None,
                       **engine_config(lm.engine), "link": link if mode != "resident" else None, "limit": limit,
-                      "dtype": str(lm.model.dtype).replace("torch.", ""), "device": "cpu",
+                      "dtype": str(lm.model.dtype).replace("torch.", ""), "device": device, "batch_size": batch_size,
+                      "num_fewshot": num_fewshot, "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
                       "sandbox": sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
                       **(extra_config or {})}
@@ -170,8 +183,10 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                     progress(f"[evalsuite] {name} / {mode} / {task} (limit {limit}, run {run_id})")
                     started = time.time()
                     results = lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True,
-                                                      task_manager=manager, random_seed=seed,
-                                                      numpy_random_seed=seed, torch_random_seed=seed,
+                                                      task_manager=manager, num_fewshot=num_fewshot,
+                                                      gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
+                                                      random_seed=seed, numpy_random_seed=seed,
+                                                      torch_random_seed=seed, fewshot_random_seed=seed,
                                                       confirm_run_unsafe_code=confirm_run_unsafe_code)
                     add_engine_metrics(results)
                     if mode == "resident":
@@ -179,7 +194,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                     diverged = divergence(results, reference[task], tokenizer) if task in reference and \
                         mode != "resident" else {}
                     results["divergence"] = diverged
-                    save_json(results, out_dir, f"{run_id}-{name}-{mode}-{task}-{uid}")
+                    save_json(results, out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, results, results.get("engine"))
                     rows += table_rows(results, name, mode, diverged, run_id, time.time() - started)
                 status = "complete"

@@ -1,7 +1,9 @@
-"""Whether two stored runs measured the same thing: model, task set, limit, few-shot and seed.
+"""Whether two stored runs measured the same thing: model, task set, limit, few-shot, seed, batch size,
+generation arguments and chat template.
 
 A difference in any of them makes an accuracy delta meaningless (another model, other documents, other
-prompts), so `compare` refuses unless forced. Each setting is read from the run's `config` JSON (falling back
+prompts, other decoding), or a TPOT delta (per batched step at another batch size), so `compare` refuses
+unless forced. Each setting is read from the run's `config` JSON (falling back
 to the `runs` column of the same name); a run stored before a key was recorded leaves it unknown, which is
 reported but not refused.
 """
@@ -64,7 +66,23 @@ def _seed(run: dict):
     return seed if seed is UNKNOWN or seed is None else int(seed)
 
 
-SETTINGS = (("model fingerprint", _model), ("task set", _tasks), ("limit", _limit), ("few-shot", _fewshot), ("seed", _seed))
+def _batch_size(run: dict):
+    size = _from(run, "batch_size")
+    return size if size is UNKNOWN or size is None else int(size)
+
+
+def _gen_kwargs(run: dict):
+    """The generation arguments as one canonical text (a dict would be compared key by key, like per-task
+    few-shot, and {} would then match anything)."""
+    value = _from(run, "gen_kwargs")
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in sorted(value.items())) or None
+    return value
+
+
+SETTINGS = (("model fingerprint", _model), ("task set", _tasks), ("limit", _limit), ("few-shot", _fewshot),
+            ("seed", _seed), ("batch size", _batch_size), ("generation arguments", _gen_kwargs),
+            ("chat template", lambda run: _from(run, "apply_chat_template")))
 
 
 def _restricted(value, tasks):

@@ -27,6 +27,8 @@ def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
 
 
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
+    if read.has(f"{experts_path}.gate_up_proj"):  # fused, as the model holds it (Qwen3-VL-MoE checkpoints)
+        return {name: read(f"{experts_path}.{name}", index=expert) for name in ("gate_up_proj", "down_proj")}
     if experts_path.endswith(".mlp.experts") and _is_mixtral_key(read, experts_path):
         prefix = experts_path.replace(".mlp.experts", ".block_sparse_moe.experts")
         gate, up, down = (read(f"{prefix}.{expert}.{w}.weight") for w in ("w1", "w3", "w2"))
