@@ -215,3 +215,11 @@ def test_a_prefill_leaves_its_experts_in_the_cache():
     assert cold.transfers_per_token == 2 and warm.transfers_per_token == 0 and warm.hit_rate == 1.0
     trace.prefills = [(0, [[0, 1, 2, 3, 4, 5]])]  # 0 and 1 were evicted by later prefill experts
     assert simulate(trace, COSTS, capacity=4, mode="on-demand").transfers_per_token == 2
+
+
+def test_the_bound_takes_a_prefill_layer_that_uses_more_experts_than_the_cache_holds():
+    trace = trace_of([[[0, 1]], [[0, 1]]])
+    trace.prefills = [(0, [list(range(6))])]  # the prompt's tokens ran six experts in the layer
+    costs = Costs(dense_s=1.0, expert_s=0.0, step_s=0.0, transfer_s=10.0)
+    # a cache of four: the prefill leaves experts 2..5, so the first step misses both, the second hits both
+    assert overlap_bound(trace, costs, capacity=4) == pytest.approx((20.0 + 1.0) / 2)

@@ -107,7 +107,8 @@ def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int, policy: str 
 
 
 def _use(cache: ExpertCache, layer: int, experts) -> int:
-    """One layer's experts used, as a demand load places them (no copy is in flight); the misses."""
+    """One layer's experts used in order, as the engine computes them (each held only while it computes,
+    so a prefill layer may use more experts than the cache holds; no copy is in flight); the misses."""
     keys = [(layer, e) for e in experts]
     misses = 0
     for key in keys:
@@ -115,7 +116,6 @@ def _use(cache: ExpertCache, layer: int, experts) -> int:
             cache.place(key, protect=set(keys))
             misses += 1
         cache.pin(key)
-    for key in keys:
         cache.unpin(key)
     return misses
 
