@@ -180,16 +180,16 @@ def test_on_a_slow_link_predictions_are_made_and_sent_online():
     has seen how often the gate predictor is right (one online prediction in EXPLORE_EVERY, then all
     that pay), most predictions are made during decoding and prefetched."""
     from evalsuite.generate import load_model
-    from evalsuite.perf.bench import _generate
+    from evalsuite.perf.decode import greedy
 
     model, tokenizer = load_model(shipped_model())
     ids = torch.tensor([tokenizer("12+34=")["input_ids"]])
     with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.25,
                            link="sdcard") as engine:
-        _generate(model, ids, 24)  # learns each rank's precision
+        greedy(model, ids, 24)  # learns each rank's precision
         first = engine.driver.put_off
         engine.reset_stats()
-        _generate(model, ids, 24)
+        greedy(model, ids, 24)
         s, put_off = engine.stats(), engine.driver.put_off - first
     predictions = 23 * len(engine.layers)
     assert s["prefetches"] > 0 and put_off < predictions / 3

@@ -18,18 +18,17 @@ case's own routing trace, so the simulator is validated against the measurement.
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from ..engine.arch import sparse_layers
 from ..engine import offload
+from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
+from .decode import greedy, load_bench_model, whole
 from .profiles import case_label
 from .simulate import Costs, gap_closed, overlap_bound, simulate
 
@@ -71,275 +70,6 @@ def cases(predictors, hybrid: bool) -> list[Case]:
     return out
 
 
-def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = None, prompt_tokens: int = 16):
-    """A shipped model directory, `tiny:<type>`, or a real model's name (random weights, real shapes).
-
-    A real model's shape is written to a checkpoint under `workdir` and loaded without its experts
-    (evalsuite.engine.load_skeleton): every engine then reads them from there, as one would offload
-    a model larger than memory, so the bench holds one copy of the experts at a time (8 sparse
-    layers of Qwen3-30B-A3B are 9.6 GB) and never moves the whole model to the device."""
-    from ..engine import load_skeleton
-    from ..generate import load_model
-    from .shapes import MODELS, random_model
-
-    if spec in MODELS:
-        path = str(Path(workdir or ".") / "checkpoint")
-        random_model(spec, layers).save_pretrained(path)
-        model = load_skeleton(path, torch.bfloat16, device)
-        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
-        return model, ids.to(device), None
-    model, tokenizer = load_model(spec, device=device)
-    if tokenizer is None:
-        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
-    else:
-        from ..zoo.corpus import heldout_items
-
-        ids = torch.tensor([tokenizer(heldout_items("arith")[0]["prompt"])["input_ids"]])
-    return model, ids.to(device), tokenizer
-
-
-def _generate(model, ids, tokens, forced: torch.Tensor | None = None) -> torch.Tensor:
-    """Greedy decoding of `tokens` new tokens, batch 1: the prompt and each step's greedy token.
-    With `forced` (a reference's output, prompt included) each step feeds the reference's token
-    instead of its own: the work is the reference's, the returned tokens are this model's."""
-    from transformers import DynamicCache
-
-    cache, steps = DynamicCache(config=model.config), [ids]
-    with torch.no_grad():
-        feed = ids
-        for i in range(tokens):
-            logits = model(input_ids=feed, cache=cache, use_cache=True).logits
-            steps.append(logits[:, -1].argmax(dim=-1, keepdim=True))
-            at = ids.shape[1] + i
-            feed = steps[-1] if forced is None else forced[:, at:at + 1]
-    out = torch.cat(steps, dim=1)
-    if out.is_cuda:
-        torch.cuda.synchronize(out.device)
-    return out
-
-
-class SpeedProbe:
-    """Median decode-step time of the sparse layers' attention: work no mode changes, so its time
-    tells how fast this machine ran during one generation (on CPU; its speed here drifts by up to
-    2x within seconds, and slows after idle waits on a slow link)."""
-
-    def __init__(self, engine):
-        self.engine, self.seconds, self.hooks, self._t = engine, [], [], 0.0
-        if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
-            return
-        for layer in engine.layers:
-            attention = getattr(engine.model.get_decoder().layers[layer.index], "self_attn", None)
-            if attention is not None:
-                self.hooks += [attention.register_forward_pre_hook(self._start),
-                               attention.register_forward_hook(self._stop)]
-
-    def _start(self, module, args):
-        self._t = time.perf_counter()
-
-    def _stop(self, module, args, output):
-        if self.engine.decoding:
-            self.seconds.append(time.perf_counter() - self._t)
-
-    def median(self) -> float | None:
-        for h in self.hooks:
-            h.remove()
-        return statistics.median(self.seconds) if self.seconds else None
-
-
-def scaled(costs: Costs, factor: float) -> Costs:
-    """Costs with every compute-thread cost multiplied by `factor` (the link's are left as they are)."""
-    fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s")
-    return replace(costs, **{f: getattr(costs, f) * factor for f in fields})
-
-
-class LayerClock:
-    """Per decode step: time in each sparse layer and in its routed experts (resident engine)."""
-
-    def __init__(self, engine):
-        self.engine, self.hooks = engine, []
-        self.layer_s: list[float] = []
-        self.experts_s: list[float] = []
-        self.experts_run: list[int] = []
-        blocks = engine.model.model.layers if hasattr(engine.model, "model") else None
-        for layer in engine.layers:
-            block = blocks[layer.index]
-            self.hooks += [block.register_forward_pre_hook(self._start("layer")),
-                           block.register_forward_hook(self._stop("layer", self.layer_s)),
-                           layer.experts.register_forward_pre_hook(self._start("experts")),
-                           layer.experts.register_forward_hook(self._stop("experts", self.experts_s, layer))]
-        self._t: dict[str, float] = {}
-
-    def _now(self) -> float:
-        if self.engine.device.type == "cuda":  # kernels are asynchronous: time what ran
-            torch.cuda.synchronize(self.engine.device)
-        return time.perf_counter()
-
-    def _start(self, what):
-        def hook(module, args):
-            self._t[what] = self._now()
-        return hook
-
-    def _stop(self, what, into, layer=None):
-        def hook(module, args, output):
-            now = self._now()
-            if self.engine.decoding:
-                into.append(now - self._t[what])
-                if layer is not None:
-                    self.experts_run.append(layer.top_k)
-        return hook
-
-    def close(self):
-        for h in self.hooks:
-            h.remove()
-
-
-def measure_costs(model, ids, tokens: int, repeats: int, all_cases=(), artifact=None,
-                  trace=None) -> tuple[Costs, dict, float]:
-    """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
-
-    Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
-    the rest of a step. Engines whose cache holds every expert and is already warm then
-    isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
-    and each predicting case's own cost (warm case minus warm on-demand: prediction,
-    scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
-    any (`trace`: the resident routing trace-oracle replays, two requests). A cold engine with the smallest cache and no link emulation, where nearly every use
-    misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
-    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
-    or "per_step": seconds}}, the speed probe's attention seconds: the reference for scaled()).
-    """
-    predicting = [c for c in all_cases if c.predictor is not None and c.forced]  # free-running costs the same
-    dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
-    warm = {c.label: [] for c in [_case("on-demand"), *predicting]}
-    for _ in range(repeats):
-        with offload(model, mode="resident") as engine:
-            clock, probe = LayerClock(engine), SpeedProbe(engine)
-            _generate(model, ids, tokens)
-            s = engine.stats()
-            clock.close()
-            attention.append(probe.median())
-        steps = len(clock.layer_s) // len(engine.layers)
-        tpot = s["tpot_ms"]["median"] / 1e3
-        dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
-        expert.append(sum(clock.experts_s) / sum(clock.experts_run))
-        step.append(tpot - sum(clock.layer_s) / steps)
-        resident.append(tpot)
-        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact))
-        for case in predicting:
-            warm[case.label].append(_warm_tpot(model, ids, tokens, case.mode, case.predictor,
-                                               _artifact(case, artifact, trace)))
-        per_miss.append(_miss_seconds(model, ids, tokens, tpot))
-    med = statistics.median
-    layers = sparse_layers(model)
-    uses = len(layers) * layers[0].top_k
-    costs = Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0,
-                  lookup_s=max(0.0, (med(warm["on-demand"]) - med(resident)) / uses), miss_s=med(per_miss))
-    case_costs = {}
-    for case in predicting:
-        extra = max(0.0, med(warm[case.label]) - med(warm["on-demand"]))
-        case_costs[case.label] = {"per_step": extra} if case.predictor == "oracle" else \
-            {"per_prediction": extra / max(1, len(layers) - 1)}
-    return costs, case_costs, (med(attention) if None not in attention else None)
-
-
-def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
-    """Compute-thread seconds per transfer started, from decode steps of a cache of top-k slots."""
-    top_k = sparse_layers(model)[0].top_k
-
-    def counters(new_tokens):
-        with offload(model, mode="on-demand", cache_capacity=top_k) as engine:
-            _generate(model, ids, new_tokens)
-            return engine.stats()
-
-    full, prefill = counters(tokens), counters(1)  # the difference is the decode steps
-    misses = (full["misses"] - prefill["misses"]) / (tokens - 1)
-    stall = (full["stall_s"] - prefill["stall_s"]) / (tokens - 1)
-    overhead = full["tpot_ms"]["median"] / 1e3 - resident_tpot - stall
-    return max(0.0, overhead / misses) if misses > 0 else 0.0
-
-
-def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
-    # a model without its experts reads them from its checkpoint: the cache then holds the only copy
-    store = "disk" if _unloaded(model) else "host"
-    with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all",
-                 store=store) as engine:
-        _generate(model, ids, tokens)  # fills the cache
-        engine.reset_stats()
-        _generate(model, ids, tokens)
-        return engine.stats()["tpot_ms"]["median"] / 1e3
-
-
-def _unloaded(model) -> bool:
-    from ..engine.placement import experts_unloaded
-    from ..engine.store import ExpertLayout
-
-    layers = sparse_layers(model)
-    return experts_unloaded(layers, ExpertLayout.of(layers[0].experts))
-
-
-@contextlib.contextmanager
-def whole(model):
-    """The model with every expert in place for the runs that need the unmodified model: a model
-    built without its experts reads them from its checkpoint, and drops them again afterwards."""
-    if not _unloaded(model):
-        yield model
-        return
-    from ..engine.arch import family_of
-    from ..engine.placement import drop_experts, home_device, load_experts
-    from ..engine.store import Checkpoint, ExpertLayout
-
-    layers = sparse_layers(model)
-    layout = ExpertLayout.of(layers[0].experts)
-    load_experts(layers, layout, family_of(model), Checkpoint(model.config._name_or_path, layout.dtype),
-                 home_device(model, layers, layout))
-    try:
-        yield model
-    finally:
-        drop_experts(layers, layout)
-
-
-def handoff_seconds(device: str, repeats: int = 50) -> float:
-    """Median time from submitting a copy of a small tensor to the waiting thread resuming: the
-    fixed cost of every wait on the transfer worker, whatever the link."""
-    from ..engine.transfer import TransferEngine
-
-    class _Store:
-        def copy_into(self, key, dst):
-            dst.copy_(src)
-
-    src = torch.ones(1024, device=device)
-    dst = torch.empty_like(src)
-    engine = TransferEngine(_Store(), torch.device(device))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        engine.submit(0, dst).wait(10.0)
-        times.append(time.perf_counter() - t0)
-    engine.close()
-    return statistics.median(times)
-
-
-def engine_overhead(model, ids, tokens: int, repeats: int, kernel: str = "grouped_mm") -> dict:
-    """Tokens/s of the resident engine over the unmodified model, both computing experts with `kernel`
-    (transformers' default): what the engine's hooks and counters cost. (The offloading modes run
-    the eager kernel's order, the price of exactness; their cost shows in their own TPOT.)"""
-    own_impl = model.config._experts_implementation
-    plain, engine = [], []
-    model.set_experts_implementation(kernel)
-    try:
-        for _ in range(repeats):  # interleaved
-            t0 = time.perf_counter()
-            _generate(model, ids, tokens)
-            plain.append(tokens / (time.perf_counter() - t0))
-            with offload(model, mode="resident"):
-                t0 = time.perf_counter()
-                _generate(model, ids, tokens)
-                engine.append(tokens / (time.perf_counter() - t0))
-    finally:
-        model.set_experts_implementation(own_impl)
-    p, e = statistics.median(plain), statistics.median(engine)
-    return {"kernel": kernel, "unmodified_tokens_per_s": p, "engine_tokens_per_s": e, "ratio": e / p}
-
-
 def _artifact(case: Case, artifact, trace):
     """What the case's predictor is built from: the resident trace for trace-oracle, else the calibration."""
     return trace if case.predictor == "trace-oracle" else artifact
@@ -353,7 +83,7 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
         options = dict(mode="resident", trace=True)
     with offload(model, **options) as engine:
         probe = SpeedProbe(engine)
-        out = _generate(model, ids, tokens, reference if case.forced else None)
+        out = greedy(model, ids, tokens, reference if case.forced else None)
         s = engine.stats()
         attention_s = probe.median()
         transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
@@ -381,14 +111,16 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
     all_cases = cases(predictors, hybrid)
     with whole(model):
         overhead = engine_overhead(model, ids, tokens, repeats)
-        reference = _generate(model, ids, tokens)
+        reference = greedy(model, ids, tokens)
     handoff = handoff_seconds(device)
     trace = None
     if any(c.predictor == "trace-oracle" for c in all_cases):
         with offload(model, mode="resident", trace=True) as engine:  # two requests: the warm cost runs make two
             for _ in range(2):
-                _generate(model, ids, tokens)
+                greedy(model, ids, tokens)
             trace = engine.routing_trace()
+    predicting = [(c.label, c.mode, c.predictor, _artifact(c, artifact, trace)) for c in all_cases
+                  if c.predictor is not None and c.forced]  # free-running costs what its twin does
     result = {"model": spec, "tokens": tokens, "repeats": repeats, "engine_overhead": overhead,
               "handoff_ms": handoff * 1e3, "configs": []}
     total = len(links) * len(capacities) * repeats * (len(all_cases) + 1)
@@ -399,7 +131,7 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
             # so the simulator and the bound see the machine as it was for this configuration.
             runs, measured = {c: [] for c in all_cases}, []
             for _ in range(repeats):
-                measured.append(measure_costs(model, ids, tokens, 1, all_cases, artifact, trace))
+                measured.append(measure_costs(model, ids, tokens, 1, predicting, artifact))
                 bar.update(1)
                 for case in all_cases:
                     r = run_case(model, ids, tokens, case, link, capacity, artifact, reference, trace)

@@ -1,0 +1,205 @@
+"""What this machine's decode costs, measured for the simulator and the overlap bound: layer
+clocks on a resident engine, the offloading path's bookkeeping, each predicting case's own cost,
+starting a transfer, waking a waiter, and the engine's overhead over the unmodified model."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from ..engine import offload
+from ..engine.arch import sparse_layers
+from .decode import greedy, unloaded
+from .simulate import Costs
+
+
+class SpeedProbe:
+    """Median decode-step time of the sparse layers' attention: work no mode changes, so its time
+    tells how fast this machine ran during one generation (on CPU; its speed here drifts by up to
+    2x within seconds, and slows after idle waits on a slow link)."""
+
+    def __init__(self, engine):
+        self.engine, self.seconds, self.hooks, self._t = engine, [], [], 0.0
+        if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
+            return
+        for layer in engine.layers:
+            attention = getattr(engine.model.get_decoder().layers[layer.index], "self_attn", None)
+            if attention is not None:
+                self.hooks += [attention.register_forward_pre_hook(self._start),
+                               attention.register_forward_hook(self._stop)]
+
+    def _start(self, module, args):
+        self._t = time.perf_counter()
+
+    def _stop(self, module, args, output):
+        if self.engine.decoding:
+            self.seconds.append(time.perf_counter() - self._t)
+
+    def median(self) -> float | None:
+        for h in self.hooks:
+            h.remove()
+        return statistics.median(self.seconds) if self.seconds else None
+
+
+def scaled(costs: Costs, factor: float) -> Costs:
+    """Costs with every compute-thread cost multiplied by `factor` (the link's are left as they are)."""
+    fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s")
+    return replace(costs, **{f: getattr(costs, f) * factor for f in fields})
+
+
+class LayerClock:
+    """Per decode step: time in each sparse layer and in its routed experts (resident engine)."""
+
+    def __init__(self, engine):
+        self.engine, self.hooks = engine, []
+        self.layer_s: list[float] = []
+        self.experts_s: list[float] = []
+        self.experts_run: list[int] = []
+        blocks = engine.model.model.layers if hasattr(engine.model, "model") else None
+        for layer in engine.layers:
+            block = blocks[layer.index]
+            self.hooks += [block.register_forward_pre_hook(self._start("layer")),
+                           block.register_forward_hook(self._stop("layer", self.layer_s)),
+                           layer.experts.register_forward_pre_hook(self._start("experts")),
+                           layer.experts.register_forward_hook(self._stop("experts", self.experts_s, layer))]
+        self._t: dict[str, float] = {}
+
+    def _now(self) -> float:
+        if self.engine.device.type == "cuda":  # kernels are asynchronous: time what ran
+            torch.cuda.synchronize(self.engine.device)
+        return time.perf_counter()
+
+    def _start(self, what):
+        def hook(module, args):
+            self._t[what] = self._now()
+        return hook
+
+    def _stop(self, what, into, layer=None):
+        def hook(module, args, output):
+            now = self._now()
+            if self.engine.decoding:
+                into.append(now - self._t[what])
+                if layer is not None:
+                    self.experts_run.append(layer.top_k)
+        return hook
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
+def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact=None) -> tuple[Costs, dict, float]:
+    """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
+
+    Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
+    the rest of a step. Engines whose cache holds every expert and is already warm then
+    isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
+    and each predicting case's own cost (warm case minus warm on-demand: prediction,
+    scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
+    any (`predicting`: (label, mode, predictor, its artifact) of each case). A cold engine with the smallest cache and no link emulation, where nearly every use
+    misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
+    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
+    or "per_step": seconds}}, the speed probe's attention seconds: the reference for scaled()).
+    """
+    dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
+    warm = {label: [] for label in ["on-demand", *(case[0] for case in predicting)]}
+    for _ in range(repeats):
+        with offload(model, mode="resident") as engine:
+            clock, probe = LayerClock(engine), SpeedProbe(engine)
+            greedy(model, ids, tokens)
+            s = engine.stats()
+            clock.close()
+            attention.append(probe.median())
+        steps = len(clock.layer_s) // len(engine.layers)
+        tpot = s["tpot_ms"]["median"] / 1e3
+        dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
+        expert.append(sum(clock.experts_s) / sum(clock.experts_run))
+        step.append(tpot - sum(clock.layer_s) / steps)
+        resident.append(tpot)
+        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact))
+        for label, mode, predictor, own in predicting:
+            warm[label].append(_warm_tpot(model, ids, tokens, mode, predictor, own))
+        per_miss.append(_miss_seconds(model, ids, tokens, tpot))
+    med = statistics.median
+    layers = sparse_layers(model)
+    uses = len(layers) * layers[0].top_k
+    costs = Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0,
+                  lookup_s=max(0.0, (med(warm["on-demand"]) - med(resident)) / uses), miss_s=med(per_miss))
+    case_costs = {}
+    for label, _, predictor, _ in predicting:
+        extra = max(0.0, med(warm[label]) - med(warm["on-demand"]))
+        case_costs[label] = {"per_step": extra} if predictor == "oracle" else \
+            {"per_prediction": extra / max(1, len(layers) - 1)}
+    return costs, case_costs, (med(attention) if None not in attention else None)
+
+
+def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
+    """Compute-thread seconds per transfer started, from decode steps of a cache of top-k slots."""
+    top_k = sparse_layers(model)[0].top_k
+
+    def counters(new_tokens):
+        with offload(model, mode="on-demand", cache_capacity=top_k) as engine:
+            greedy(model, ids, new_tokens)
+            return engine.stats()
+
+    full, prefill = counters(tokens), counters(1)  # the difference is the decode steps
+    misses = (full["misses"] - prefill["misses"]) / (tokens - 1)
+    stall = (full["stall_s"] - prefill["stall_s"]) / (tokens - 1)
+    overhead = full["tpot_ms"]["median"] / 1e3 - resident_tpot - stall
+    return max(0.0, overhead / misses) if misses > 0 else 0.0
+
+
+def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
+    # a model without its experts reads them from its checkpoint: the cache then holds the only copy
+    store = "disk" if unloaded(model) else "host"
+    with offload(model, mode=mode, predictor=predictor, artifact=artifact, cache_capacity="all",
+                 store=store) as engine:
+        greedy(model, ids, tokens)  # fills the cache
+        engine.reset_stats()
+        greedy(model, ids, tokens)
+        return engine.stats()["tpot_ms"]["median"] / 1e3
+
+
+def handoff_seconds(device: str, repeats: int = 50) -> float:
+    """Median time from submitting a copy of a small tensor to the waiting thread resuming: the
+    fixed cost of every wait on the transfer worker, whatever the link."""
+    from ..engine.transfer import TransferEngine
+
+    class _Store:
+        def copy_into(self, key, dst):
+            dst.copy_(src)
+
+    src = torch.ones(1024, device=device)
+    dst = torch.empty_like(src)
+    engine = TransferEngine(_Store(), torch.device(device))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.submit(0, dst).wait(10.0)
+        times.append(time.perf_counter() - t0)
+    engine.close()
+    return statistics.median(times)
+
+
+def engine_overhead(model, ids, tokens: int, repeats: int, kernel: str = "grouped_mm") -> dict:
+    """Tokens/s of the resident engine over the unmodified model, both computing experts with `kernel`
+    (transformers' default): what the engine's hooks and counters cost. (The offloading modes run
+    the eager kernel's order, the price of exactness; their cost shows in their own TPOT.)"""
+    own_impl = model.config._experts_implementation
+    plain, engine = [], []
+    model.set_experts_implementation(kernel)
+    try:
+        for _ in range(repeats):  # interleaved
+            t0 = time.perf_counter()
+            greedy(model, ids, tokens)
+            plain.append(tokens / (time.perf_counter() - t0))
+            with offload(model, mode="resident"):
+                t0 = time.perf_counter()
+                greedy(model, ids, tokens)
+                engine.append(tokens / (time.perf_counter() - t0))
+    finally:
+        model.set_experts_implementation(own_impl)
+    p, e = statistics.median(plain), statistics.median(engine)
+    return {"kernel": kernel, "unmodified_tokens_per_s": p, "engine_tokens_per_s": e, "ratio": e / p}
