@@ -49,6 +49,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="Python, numpy, torch and few-shot sampling seed")
     p.add_argument("--apply-chat-template", nargs="?", const=True, default=False, metavar="TEMPLATE",
                    help="format prompts with the tokenizer's chat template (or the one named TEMPLATE)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch compute threads (pinned and recorded; the other cores serve the link, see "
+                        "evalsuite/timing.py)")
 
 
 def _add_sandbox_option(p: argparse.ArgumentParser) -> None:
@@ -161,7 +164,7 @@ def _eval(args) -> int:
     check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
     rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out,
-                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh)
+                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh, threads=args.threads)
     print(format_rows(rows))
     return 0
 

@@ -23,6 +23,8 @@ def engine_entries(summary: dict) -> dict[str, float]:
         "prefetch_precision": summary["prefetch_precision"],
         "tpot_ms": summary["tpot_ms"]["median"],
         "tpot_ms_mean": summary["tpot_ms"]["mean"],
+        "tpot_ms_p10": summary["tpot_ms"].get("p10"),  # the spread over sequences
+        "tpot_ms_p90": summary["tpot_ms"].get("p90"),
         "ttft_ms": summary["ttft_ms"]["median"],
         "ttft_ms_mean": summary["ttft_ms"]["mean"],
         "bytes_per_token": summary["bytes_per_token"],

@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from .. import __version__
+from .. import __version__, timing
 from ..engine.metrics import token_divergence
 from ..results.claim import claim_run
 from ..results.lm_eval_rows import stored_results
@@ -104,7 +104,7 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
 def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
               cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results",
               confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED, device="cpu", dtype=None,
-              batch_size=1, num_fewshot=None, gen_kwargs=None, apply_chat_template=False,
+              batch_size=1, num_fewshot=None, gen_kwargs=None, apply_chat_template=False, threads: int = 1,
               extra_config: dict | None = None) -> list[dict]:
     """Evaluate every (model, mode) over `tasks` (a list for all models, or a dict: model -> its tasks);
     each task lands in the database as soon as it is done.
@@ -138,6 +138,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                **run_options)
     gen_kwargs = parse_gen_kwargs(gen_kwargs)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
+    timing.pin(threads)  # evalsuite.timing: one protocol for every TPOT the suite reports
     rows = []
     for model in models:
         tasks = tasks_of[model]
@@ -162,6 +163,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                       "num_fewshot": num_fewshot, "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
                       "sandbox": sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
+                      "threads": threads, "machine": timing.machine(device),
                       **(extra_config or {})}
             try:  # refused, or waited for, before anything is stored
                 check_generation_lengths(manager, tasks, lm, name)
@@ -177,6 +179,8 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                     if mode == "resident":
                         reference.update(dict.fromkeys(stored["results"], stored))
                     rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
+                if set(tasks) - done:
+                    timing.warm_up(lm.model, tokenizer, lm.engine)
                 for task in tasks:
                     if task in done:
                         continue
@@ -196,7 +200,8 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                     results["divergence"] = diverged
                     save_json(results, out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, results, results.get("engine"))
-                    rows += table_rows(results, name, mode, diverged, run_id, time.time() - started)
+                    rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
+                                       busy=timing.busy(device))
                 status = "complete"
             except KeyboardInterrupt:
                 status = "incomplete"  # resumable, like a killed run
@@ -268,7 +273,7 @@ def open_run(db, config: dict, fresh: bool, progress, poll_s: float = 1.0) -> tu
     return claim.run_id, claim.uid, claim.done
 
 
-def table_rows(results, model, mode, diverged, run_id, seconds) -> list[dict]:
+def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | None = None) -> list[dict]:
     rows = []
     for task, values in sorted(results["results"].items()):
         headline = accuracy(values)
@@ -277,7 +282,8 @@ def table_rows(results, model, mode, diverged, run_id, seconds) -> list[dict]:
         recall = next((v for k, v in values.items() if k.startswith("recall@")), None)
         rows.append({"model": model, "mode": mode, "task": task, "metric": headline[0], "accuracy": headline[1],
                      "recall": recall, "hit_rate": values.get("hit_rate,engine"),
-                     "tpot_ms": values.get("tpot_ms,engine"),
+                     "tpot_ms": values.get("tpot_ms,engine"), "tpot_p10": values.get("tpot_ms_p10,engine"),
+                     "tpot_p90": values.get("tpot_ms_p90,engine"), "busy": busy,
                      "identical_share": diverged.get(task, {}).get("identical_share"), "run": run_id,
                      "seconds": seconds})
     return rows
@@ -290,15 +296,28 @@ def save_json(results: dict, out_dir: str, stem: str) -> None:
 
 
 def format_rows(rows) -> str:
-    numbers = ("accuracy", "recall", "hit rate", "TPOT ms", "same tok")
-    wide = {k: max([len(k)] + [len(str(r[k])) for r in rows]) + 2 for k in ("model", "task", "mode")}
-    header = "".join(f"{k:<{wide[k]}}" for k in wide) + "".join(f"{n:>10}" for n in numbers)
+    """The table `evalsuite eval` prints: accuracy (the task's headline metric, named), recall, hit rate,
+    TPOT as median [p10-p90] over sequences (flagged * when the machine was busy), same tokens."""
+    numbers = ("accuracy", "recall", "hit rate", "TPOT ms [p10-p90]", "same tok")
+    wide = {k: max([len(k)] + [len(str(r[k])) for r in rows]) + 2 for k in ("model", "task", "metric", "mode")}
+    widths = (10, 10, 10, 22, 10)
+    header = "".join(f"{k:<{wide[k]}}" for k in wide) + "".join(f"{n:>{w}}" for n, w in zip(numbers, widths))
     lines = [header, "-" * len(header)]
     for r in rows:
-        cells = (_fmt(r["accuracy"]), _fmt(r["recall"]), _fmt(r["hit_rate"]), _fmt(r["tpot_ms"], 2),
-                 _fmt(r["identical_share"]))
-        lines.append("".join(f"{r[k]:<{wide[k]}}" for k in wide) + "".join(f"{c:>10}" for c in cells))
+        cells = (_fmt(r["accuracy"]), _fmt(r["recall"]), _fmt(r["hit_rate"]), _tpot(r), _fmt(r["identical_share"]))
+        lines.append("".join(f"{r[k]:<{wide[k]}}" for k in wide) + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    loads = [r["busy"] for r in rows if r.get("busy") is not None]
+    if loads:
+        lines.append(f"* timed while the machine was busy (load average up to {max(loads):.1f} on {os.cpu_count()} "
+                     "cores): these TPOTs measure the other work too; compare TPOT from a quiet machine")
     return "\n".join(lines)
+
+
+def _tpot(row) -> str:
+    if row["tpot_ms"] is None:
+        return "-"
+    spread = f" [{row['tpot_p10']:.2f}-{row['tpot_p90']:.2f}]" if row.get("tpot_p10") is not None else ""
+    return f"{row['tpot_ms']:.2f}{spread}{'*' if row.get('busy') is not None else ''}"
 
 
 def _fmt(value, digits: int = 3) -> str:

@@ -50,11 +50,10 @@ def _db_rows(db_url, result: dict) -> int:
 
 
 def cmd_bench(args) -> int:
+    from .. import timing
     from .bench import bench_model, format_result
 
-    import torch
-
-    torch.set_num_threads(args.threads)  # the rest of the cores serve the link
+    timing.pin(args.threads)  # the rest of the cores serve the link
     links, capacities = _list(args.links), [float(c) for c in _list(args.capacities)]
     if args.repeats < 1 or args.tokens < 2:
         raise ValueError("--repeats must be at least 1 and --tokens at least 2")

@@ -34,18 +34,16 @@ class Outcome:
 def run_cell(cell: dict, sweep_name: str, db_url: str | None, out_dir: str, confirm_run_unsafe_code: bool,
              threads: int = 1) -> dict:
     """One cell, in whichever process runs it: its run lands in the database; returns its table rows."""
-    import torch
-
     from ..lm.suite import run_suite
 
-    torch.set_num_threads(max(1, int(threads)))
     c = Cell(**{**cell, "tasks": tuple(cell["tasks"])})
     started = time.time()
     rows = run_suite([c.model], [c.mode], list(c.tasks), c.limit, predictor=c.predictor,
                      predictor_path=c.predictor_path,
                      cache_capacity=run_capacity(c), link=c.link,
                      db_url=db_url, out_dir=out_dir, confirm_run_unsafe_code=confirm_run_unsafe_code,
-                     progress=lambda *_: None, seed=c.seed, extra_config={"sweep": sweep_name, "sweep_cell": c.key})
+                     progress=lambda *_: None, seed=c.seed, threads=max(1, int(threads)),
+                     extra_config={"sweep": sweep_name, "sweep_cell": c.key})
     return {"key": c.key, "rows": rows, "seconds": time.time() - started}
 
 

@@ -1,0 +1,58 @@
+"""One timing protocol for every TPOT the suite reports (evalsuite eval, bench, sweeps).
+
+pin        torch computes on a fixed number of threads (1 by default): on a CPU, the default of
+           one thread per core lets the link's worker and other work steal compute, and made TPOT
+           vary 5x between runs of the same mode.
+machine    what the timing was measured on: host, processor, cores, torch and device; stored with
+           every run (part of its configuration: timings from two machines are two runs).
+warm_up    one short generation before the measured ones, its timings discarded (allocator,
+           caches, lazy initialisation).
+spread     TPOT is reported as the median over sequences with its 10th-90th percentile range
+           (evalsuite.engine.metrics.summarise).
+busy       a CPU timing taken while the machine had less than a free core per compute thread
+           (load average above cores - threads) is flagged, not printed bare: it measures the
+           other work as much as the engine.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+WARM_UP_TOKENS = 8
+
+
+def pin(threads: int) -> int:
+    """Compute on `threads` torch threads from now on; returns them."""
+    if threads < 1:
+        raise ValueError(f"--threads {threads}: compute needs at least one thread")
+    torch.set_num_threads(threads)
+    return threads
+
+
+def machine(device: str = "cpu") -> dict:
+    """What a timing was measured on (the same on every run of this machine and device)."""
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
+    return {"host": platform.node(), "cores": os.cpu_count(), "device": dev.type, "device_name": name,
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+
+
+def busy(device: str = "cpu") -> float | None:
+    """The load average when a CPU timing cannot be trusted (fewer free cores than compute threads), else None."""
+    if torch.device(device).type != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    load = os.getloadavg()[0]
+    return load if load > (os.cpu_count() or 1) - torch.get_num_threads() + 0.5 else None
+
+
+def warm_up(model, tokenizer, engine=None) -> None:
+    """One short greedy generation whose timings are discarded."""
+    ids = tokenizer("1 + 1 =", return_tensors="pt")["input_ids"].to(model.device)
+    with torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=WARM_UP_TOKENS,
+                       min_new_tokens=WARM_UP_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id or 0)
+    if engine is not None:
+        engine.reset_stats()
+        engine.clear_cache()

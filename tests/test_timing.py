@@ -1,0 +1,56 @@
+"""One timing protocol for every TPOT: threads pinned and recorded, the machine recorded, a warm-up,
+TPOT with its spread, and timings from a busy machine flagged instead of printed bare."""
+import json
+
+import pytest
+import torch
+
+from evalsuite import timing
+from evalsuite.lm.suite import format_rows, run_suite
+from evalsuite.results import ResultsDB
+
+from .helpers import shipped_model
+
+
+def row(**values):
+    base = {"model": "m", "mode": "on-demand", "task": "t", "metric": "exact_match,none", "accuracy": 0.5,
+            "recall": None, "hit_rate": 0.4, "tpot_ms": 5.0, "tpot_p10": 4.5, "tpot_p90": 6.25, "busy": None,
+            "identical_share": 1.0, "run": 1, "seconds": 1.0}
+    return {**base, **values}
+
+
+def test_the_table_names_the_metric_gives_the_spread_and_flags_a_busy_machine():
+    quiet = format_rows([row()])
+    assert "exact_match,none" in quiet and "5.00 [4.50-6.25]" in quiet and "busy" not in quiet
+    busy = format_rows([row(), row(mode="resident", busy=3.5)])
+    assert "5.00 [4.50-6.25]*" in busy and "load average up to 3.5" in busy
+
+
+def test_a_cpu_timing_is_busy_when_the_load_leaves_no_core_per_thread(monkeypatch):
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    assert timing.busy("cpu") is None  # two of four cores busy: the compute thread has one of its own
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (3.9, 3.0, 3.0))
+    assert timing.busy("cpu") == 3.9
+    with pytest.raises(ValueError, match="--threads 0"):
+        timing.pin(0)
+
+
+def test_eval_pins_threads_records_them_and_the_machine_and_warms_up(tmp_path, monkeypatch):
+    monkeypatch.setattr("evalsuite.lm.suite.git_commit", lambda: "0" * 40)
+    warmed = []
+    real = timing.warm_up
+    monkeypatch.setattr(timing, "warm_up", lambda *a: (warmed.append(a[2].mode), real(*a)))
+    torch.set_num_threads(2)
+    db = tmp_path / "r.db"
+    rows = run_suite([shipped_model()], ["resident", "on-demand"], ["evalsuite_yesno"], 2, db_url=f"sqlite:///{db}",
+                     out_dir=str(tmp_path / "json"), progress=lambda *_: None, threads=1)
+    assert torch.get_num_threads() == 1 and warmed == ["resident", "on-demand"]
+    with ResultsDB(f"sqlite:///{db}") as results:
+        configs = [json.loads(c) if isinstance(c, str) else c for c in results.runs()["config"]]
+    assert all(c["threads"] == 1 and c["machine"]["cores"] >= 1 and c["machine"]["device"] == "cpu" for c in configs)
+    # the warm-up's timings are not the task's: one request per document, none extra
+    engines = [json.loads(p.read_text())["engine"]["evalsuite_yesno"] for p in (tmp_path / "json").iterdir()]
+    assert [e["requests"] for e in engines] == [2, 2]
+    assert all(r["tpot_p10"] <= r["tpot_ms"] <= r["tpot_p90"] for r in rows)
