@@ -61,6 +61,16 @@ class LayerState:
     weights: torch.Tensor  # their routing weights [T, K]
 
 
+def _kept(value, reads):
+    """An argument of a prediction put off: its own copy of the tensors the predictor reads (the
+    model may reuse its own before the request ends)."""
+    if isinstance(value, LayerState):
+        fields = {name: getattr(value, name) for name in ("x", "residual", "ids", "weights")}
+        return LayerState(value.pos, **{name: t.clone() if name in reads and t is not None else t
+                                        for name, t in fields.items()})
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
 class Later:
     """A prediction put off until its request ends (see PredictionDriver._predict): the predictor's
     call on that layer's state, made once when first asked for."""
@@ -94,7 +104,7 @@ class PredictionDriver:
         self.put_off = 0  # predictions left for after their request (Later)
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
-            if predictor.reads_residual:  # a module hook costs every call of the module: only when read
+            if "residual" in predictor.reads:  # a module hook costs every call of the module: only when read
                 self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
             self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
 
@@ -163,7 +173,7 @@ class PredictionDriver:
         could pay for the prediction's own cost on this link (Later), when the request ends."""
         engine = self.engine
         if self._can_wait(target) and not self.scheduler.worth_predicting(target, self.horizon if target else 1):
-            later = Later(score)
+            later = Later(functools.partial(score.func, *(_kept(a, self.predictor.reads) for a in score.args)))
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
@@ -225,17 +235,18 @@ class PredictionDriver:
         for k in self.recall_ks:
             recall.setdefault(k, {})
         for layer, steps in self.current.items():
-            scores = []
+            made = []  # (scores, native ids) of the steps with a prediction
             for predicted, native in steps:
-                if isinstance(predicted, Later):
-                    scores.append(predicted.scores())
-                    if self.scheduler is not None:
-                        self.scheduler.observe(layer, ranked(scores[-1], self.engine.budget),
-                                               set(native.reshape(-1).tolist()))
-                else:
-                    scores.append(predicted[0])
-            predicted = torch.stack(scores)  # [steps, rows, experts]
-            native = torch.stack([n.to(predicted.device) for _, n in steps])  # [steps, rows, top-k]
+                scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
+                if scores is None:
+                    continue  # the predictor had nothing for this step
+                if isinstance(predicted, Later) and self.scheduler is not None:
+                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), set(native.reshape(-1).tolist()))
+                made.append((scores, native))
+            if not made:
+                continue
+            predicted = torch.stack([p for p, _ in made])  # [steps, rows, experts]
+            native = torch.stack([n.to(predicted.device) for _, n in made])  # [steps, rows, top-k]
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)

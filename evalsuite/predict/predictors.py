@@ -21,7 +21,7 @@ class Predictor:
     name = ""
     horizons = (1,)  # how far ahead it can predict
     parts: tuple[str, ...] = ()  # what it reads from a calibration artifact
-    reads_residual = False  # whether scores() reads LayerState.residual (a hook per layer records it)
+    reads = ("x",)  # the LayerState fields scores() reads (the residual needs a hook per layer to record it)
     stateless = True  # scores() depends on its arguments alone, so it may be called after the request
 
     def __init__(self, layers, family, artifact=None):
@@ -56,7 +56,7 @@ class QuasiPredictor(Predictor):
     """Seed A: q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts of w_e * default_vector[e];
     layer p+1's router applied to q."""
 
-    name, parts, reads_residual = "quasi", ("default_vectors",), True
+    name, parts, reads = "quasi", ("default_vectors",), ("residual", "ids", "weights")
 
     def quasi_state(self, state: LayerState) -> torch.Tensor:
         vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
