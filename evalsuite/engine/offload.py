@@ -199,7 +199,7 @@ class Engine(ExpertFetching):
     def _native_hook(self, layer: int):
         def hook(module, args, output):
             if not self.shadow:
-                self.tracer.native(layer, output[2].flatten().tolist())
+                self.tracer.native(layer, output[2].detach().clone())  # the model may reuse its tensor
         return hook
 
     def routing_trace(self):

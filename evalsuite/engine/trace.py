@@ -108,9 +108,10 @@ class TraceRecorder:
         self._next = {}
 
     def native(self, layer: int, ids) -> None:
+        """`ids`: the router's choice, a tensor read only when the trace is (no host read per layer)."""
         if self._step is not None:
             self._step.setdefault(layer, LayerRouting([]))
-            self._step[layer].native = sorted(set(ids))
+            self._step[layer].native = ids
 
     def executed(self, layer: int, ids) -> None:
         if self._step is not None:
@@ -123,7 +124,7 @@ class TraceRecorder:
         if self._step is None:
             return
         ranked = ranked if callable(ranked) else list(ranked)
-        if self._step.get(layer, LayerRouting([])).native:  # it routed already: this is for the next token
+        if len(self._step.get(layer, LayerRouting([])).native):  # it routed already: this is for the next token
             self._next[layer] = ranked
         else:
             self._step.setdefault(layer, LayerRouting([])).predicted = ranked
@@ -137,8 +138,10 @@ class TraceRecorder:
 
     def result(self) -> RoutingTrace:
         self._flush()
-        for step in self.trace.steps:  # predictions the engine made after their request (engine.prediction.Later)
+        for step in self.trace.steps:
             for routing in step:
-                if callable(routing.predicted):
+                if not isinstance(routing.native, list):  # the router's tensor, read once here
+                    routing.native = sorted(set(routing.native.flatten().tolist()))
+                if callable(routing.predicted):  # a prediction made after its request (engine.prediction.Later)
                     routing.predicted = list(routing.predicted())
         return self.trace
