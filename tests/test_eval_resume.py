@@ -79,7 +79,12 @@ def test_a_resume_ignores_json_another_database_wrote_under_the_shared_out_folde
             values.update({k: -1.0 for k, v in values.items() if isinstance(v, float)})
         path.write_text(json.dumps(data))
     again = _suite(tmp_path / "x.db", out)
-    assert again == first and first[0]["accuracy"] >= 0
+    # the TPOT spread and the busy flag belong to the invocation that measured them; the database
+    # keeps the median, which a resumed row shows
+    measured_only = ("tpot_p10", "tpot_p90", "busy")
+    assert [{k: v for k, v in r.items() if k not in measured_only} for r in again] == \
+        [{k: v for k, v in r.items() if k not in measured_only} for r in first] and first[0]["accuracy"] >= 0
+    assert all(r["tpot_p10"] is None for r in again) and first[0]["tpot_p10"] is not None
 
 
 def test_a_resume_without_the_json_folder_keeps_the_resident_row_and_compares_with_it(tmp_path):
