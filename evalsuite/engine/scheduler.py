@@ -22,11 +22,11 @@ cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand l
 rule       send r when p·saved(r) > (1 − p)·(chunk + c) seconds; with `window=False`, send the top
            `budget` regardless.
 
-worth     a prediction is made during decoding only if its candidates' expected saving (the rule's
-           margins, times the layer's miss rate) exceeds what the prediction itself costs the
-           compute thread; otherwise (a fast link, a cache that already holds the layer) the
-           driver scores it after the request, for recall and precision only (engine.prediction.Later); one
-           in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
+worth      a prediction is made during decoding only if its candidates' expected saving (the
+           rule's margins, times the layer's miss rate) exceeds what the prediction itself costs
+           the compute thread; otherwise (a fast link, a cache that already holds the layer) the
+           driver makes it after the request, for recall and precision only (prediction.Later);
+           one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`).
