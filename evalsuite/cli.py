@@ -200,7 +200,12 @@ def default_models() -> list[str]:
     carries no models, they are too large for it)."""
     import os
 
-    return [os.path.join("models", name) for name in SHIPPED_MODELS]
+    models = [os.path.join("models", name) for name in SHIPPED_MODELS]
+    for model in models:  # a path, not a Hub id: say so when it is missing
+        if not os.path.isdir(model):
+            raise FileNotFoundError(f"no model directory {model!r} under {os.getcwd()}: run from the checkout's "
+                                    "root (the shipped models live in models/) or pass --model DIR")
+    return models
 
 
 def default_tasks(model: str) -> list[str]:

@@ -6,7 +6,7 @@ import transformers
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 
-import evalsuite  # noqa: F401  (registers specmoe)
+from evalsuite.lm import add_engine_metrics  # importing evalsuite.lm registers specmoe
 from evalsuite.engine import arch
 
 from .helpers import TASKS, shipped_model
@@ -26,7 +26,8 @@ def adapter(model_args: str, batch_size: int = 1):
 
 
 def generations(lm, manager, limit: int = 5) -> dict:
-    results = lm_eval.simple_evaluate(model=lm, tasks=[TASK], limit=limit, log_samples=True, task_manager=manager)
+    results = add_engine_metrics(lm_eval.simple_evaluate(model=lm, tasks=[TASK], limit=limit, log_samples=True,
+                                                         task_manager=manager))
     return {s["doc_id"]: s["resps"] for s in results["samples"][TASK]}, results["engine"][TASK]
 
 
