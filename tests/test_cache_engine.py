@@ -1,5 +1,6 @@
 """The expert cache inside the engine: prefetches never crowd out demand, and the predictor
 feeds the 'predicted' policy, with outputs unchanged."""
+import contextlib
 import copy
 
 import pytest
@@ -58,15 +59,22 @@ def test_an_unused_prefetch_is_the_first_expert_a_demand_load_evicts():
     assert evicted and evicted[0] == (last, guess)
 
 
-def test_a_prediction_s_candidates_do_not_evict_each_other():
+@contextlib.contextmanager
+def two_used_experts_per_pool():
+    """A router-preserving olmoe engine with per-layer pools of two slots, each holding two used experts
+    (copies landed); yields (engine, the second sparse layer's index)."""
     model = copy.deepcopy(reference_model("olmoe", "float32"))
     with evalsuite.offload(model, mode="router-preserving", cache_pools="per-layer", cache_capacity=6,
                            window=False) as engine, torch.no_grad():
-        model(input_ids=torch.tensor([[17]]))  # each pool holds two used experts
-        layer = engine.layers[1].index
-        wanted = [e for e in range(8) if not engine.cache.resident((layer, e))][:2]
+        model(input_ids=torch.tensor([[17]]))
         for transfer in list(engine.cache.transfers.values()):
             transfer.wait(5)
+        yield engine, engine.layers[1].index
+
+
+def test_a_prediction_s_candidates_do_not_evict_each_other():
+    with two_used_experts_per_pool() as (engine, layer):
+        wanted = [e for e in range(8) if not engine.cache.resident((layer, e))][:2]
         assert engine.driver.scheduler.schedule(1, wanted, 1) == 2
         resident = {key for key in engine.cache.slot_of if key[0] == layer}
     assert resident == {(layer, e) for e in wanted}
@@ -101,13 +109,7 @@ def test_every_policy_is_an_engine_option():
 
 
 def test_a_prefetch_never_evicts_a_resident_candidate_of_the_same_prediction():
-    model = copy.deepcopy(reference_model("olmoe", "float32"))
-    with evalsuite.offload(model, mode="router-preserving", cache_pools="per-layer", cache_capacity=6,
-                           window=False) as engine, torch.no_grad():
-        model(input_ids=torch.tensor([[17]]))  # each pool holds two used experts
-        layer = engine.layers[1].index
-        for transfer in list(engine.cache.transfers.values()):
-            transfer.wait(5)
+    with two_used_experts_per_pool() as (engine, layer):
         resident = [e for e in range(8) if engine.cache.resident((layer, e))]
         missing = [e for e in range(8) if e not in resident]
         # the prediction ranks a resident expert first and two missing ones after it: the copies
