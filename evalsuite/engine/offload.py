@@ -338,6 +338,8 @@ class Engine(ExpertFetching):
     def reset_stats(self) -> None:
         if self.driver is not None:
             self.driver.current = {}
+        if self.shadows is not None:
+            self.shadows.take()
         self.record = self._fresh_record()
 
     def close(self) -> None:
