@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE = 1
 
 # make eval MODEL=dir|org/name[,...] MODE=m[,m] PREDICTOR=p PREDICTOR_PATH=f TASKS=t[,t] LIMIT=n DATA_DIR=dir CACHE=f
 #           LINK=l DB=url SANDBOX=weak DEVICE=cuda DTYPE=bfloat16 BATCH=n FEWSHOT=n GEN_KWARGS=k=v[,k=v] SEED=n
-#           CHAT_TEMPLATE=1|name   (no PREDICTOR: each mode runs its own, e.g. gate for speculative, hybrid for hybrid;
+#           CHAT_TEMPLATE=1|name PLAN=measure|replay   (no PREDICTOR: each mode runs its own, e.g. gate for speculative, hybrid for hybrid;
 #           a Hub id comes from the local Hugging Face cache, HF_HUB_OFFLINE=0 downloads it)
 MODEL     ?= models/tiny-qwen3-moe,models/tiny-glm4-moe,models/tiny-qwen3-vl-moe
 MODE      ?= resident,on-demand,router-preserving,speculative
@@ -30,12 +30,13 @@ FEWSHOT   ?=
 GEN_KWARGS ?=
 SEED      ?=
 CHAT_TEMPLATE ?=
+PLAN      ?=
 EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor $(PREDICTOR)) \
 	$(if $(PREDICTOR_PATH),--predictor-path $(PREDICTOR_PATH)) $(if $(TASKS),--tasks $(TASKS)) \
 	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
 	$(if $(DB),--db $(DB)) $(if $(SANDBOX),--sandbox $(SANDBOX)) --device $(DEVICE) $(if $(DTYPE),--dtype $(DTYPE)) \
 	--batch-size $(BATCH) $(if $(FEWSHOT),--num-fewshot $(FEWSHOT)) $(if $(GEN_KWARGS),--gen-kwargs '$(GEN_KWARGS)') \
-	$(if $(SEED),--seed $(SEED)) \
+	$(if $(SEED),--seed $(SEED)) $(if $(PLAN),--plan $(PLAN)) \
 	$(if $(filter 1 yes true,$(CHAT_TEMPLATE)),--apply-chat-template,\
 	$(if $(CHAT_TEMPLATE),--apply-chat-template $(CHAT_TEMPLATE))) \
 	--confirm-run-unsafe-code

@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--plan", default="measure", choices=("measure", "replay"),
                    help="measure: every configuration generates through the engine; replay: one batched resident "
                         "pass (every router-preserving predictor as a shadow) and one per speculative predictor, "
-                        "the engine metrics of each configuration replayed (docs/evaluation.md)")
+                        "the engine metrics of each configuration replayed (docs/whole-benchmarks.md)")
     e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
