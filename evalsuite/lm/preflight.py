@@ -11,13 +11,10 @@ import json
 import os
 
 from ..engine import arch
-from ..engine.offload import PREDICTING
+from ..engine.modes import MODES, names_where
 from ..engine.options import check_options
 from ..hub import local_model
 
-# the predictor a mode runs when none is given; `hybrid` is the estimator on drift layers plus quasi
-DEFAULT_PREDICTOR = {"resident": None, "on-demand": None, "router-preserving": "gate", "speculative": "gate",
-                     "hybrid": "hybrid"}
 CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -31,25 +28,23 @@ def split_names(text: str, flag: str) -> list[str]:
     return names
 
 
-def predictor_for(mode: str, predictor: str | None) -> str | None:
-    """The predictor `mode` runs: the one given where the mode predicts, else the mode's own."""
-    return (predictor or DEFAULT_PREDICTOR[mode]) if mode in PREDICTING else None
-
-
 def check_predictor(modes, predictor: str | None) -> None:
     """A predictor given explicitly must fit every predicting mode it is run with, and some mode must use it."""
     if predictor is None:
         return
-    predicting = [mode for mode in modes if mode in PREDICTING]
+    predicting = [mode for mode in modes if MODES[mode].predicts]
     if not predicting:
         raise ValueError(f"--predictor {predictor}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
-                         "out, or add router-preserving, speculative or hybrid to --modes")
-    if "hybrid" in predicting and predictor != "hybrid":
-        raise ValueError(f"mode hybrid runs the hybrid predictor, not {predictor}: leave --predictor out (each mode "
-                         "then runs its own) or run hybrid separately")
-    if predictor == "hybrid" and predicting != ["hybrid"]:
-        raise ValueError(f"the hybrid predictor belongs to mode hybrid, not {', '.join(set(predicting) - {'hybrid'})}: "
-                         "leave --predictor out, and each mode runs its own")
+                         f"out, or add one of {', '.join(names_where(predicts=True))} to --modes")
+    for mode in (MODES[name] for name in predicting if MODES[name].own_predictor):
+        if predictor != mode.predictor:
+            raise ValueError(f"mode {mode.name} runs the {mode.predictor} predictor, not {predictor}: leave --predictor "
+                             f"out (each mode then runs its own) or run {mode.name} separately")
+    owner = next((mode for mode in MODES.values() if mode.own_predictor and mode.predictor == predictor), None)
+    if owner is not None and predicting != [owner.name]:
+        raise ValueError(f"the {predictor} predictor belongs to mode {owner.name}, not "
+                         f"{', '.join(sorted(set(predicting) - {owner.name}))}: leave --predictor out, and each mode "
+                         "runs its own")
 
 
 def parse_gen_kwargs(text: str | dict | None) -> dict | None:
@@ -135,7 +130,7 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
         if apply_chat_template:
             check_chat_template(path, apply_chat_template)
     if model_files:
-        if predictor_path and any(mode in PREDICTING for mode in modes) and not os.path.isfile(predictor_path):
+        if predictor_path and any(MODES[mode].predicts for mode in modes) and not os.path.isfile(predictor_path):
             raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
 

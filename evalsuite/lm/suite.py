@@ -21,9 +21,9 @@ from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..tasks import TASKS_DIR
-from ..engine.offload import PREDICTING
+from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
-from .preflight import check_eval, parse_gen_kwargs, predictor_for, task_configs, unsafe_tasks
+from .preflight import check_eval, parse_gen_kwargs, task_configs, unsafe_tasks
 from .results import add_engine_metrics
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
@@ -46,14 +46,14 @@ def model_args(model: str, mode: str, predictor: str | None, predictor_path: str
     args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
     if dtype is not None:
         args.append(f"dtype={dtype}")
-    predictor = predictor_for(mode, predictor)
+    predictor = default_predictor(mode, predictor)
     if predictor:
         args.append(f"predictor={predictor}")
-    if predictor_path and mode in PREDICTING:
+    if predictor_path and MODES[mode].predicts:
         args.append(f"predictor_path={predictor_path}")
-    if link and mode != "resident":
+    if link and MODES[mode].offloads:
         args.append(f"link={link}")
-    if mode != "resident":
+    if MODES[mode].offloads:
         args += [f"{name}={value}" for name, value in engine_options.items() if value is not None]
     return ",".join(args + ([extra] if extra else []))
 
@@ -157,8 +157,8 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
             config = {"model": name, "model_path": os.path.abspath(path),
                       "mode": mode, "predictor": lm.engine.describe()["predictor"],
                       "predictor_artifact": file_hash(predictor_path), "seed": seed,
-                      "cache_capacity": str(cache_capacity) if mode != "resident" else None,
-                      **engine_config(lm.engine), "link": link if mode != "resident" else None, "limit": limit,
+                      "cache_capacity": str(cache_capacity) if MODES[mode].offloads else None,
+                      **engine_config(lm.engine), "link": link if MODES[mode].offloads else None, "limit": limit,
                       "dtype": str(lm.model.dtype).replace("torch.", ""), "device": device, "batch_size": batch_size,
                       "num_fewshot": num_fewshot, "gen_kwargs": gen_kwargs, "apply_chat_template": apply_chat_template,
                       "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(tasks),
@@ -176,7 +176,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                 if done:  # stored by an earlier, interrupted invocation: read back from this database only
                     stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]),
                                             db.samples([run_id]))
-                    if mode == "resident":
+                    if mode == REFERENCE:
                         reference.update(dict.fromkeys(stored["results"], stored))
                     rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
                 if set(tasks) - done:
@@ -193,10 +193,10 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
                                                       torch_random_seed=seed, fewshot_random_seed=seed,
                                                       confirm_run_unsafe_code=confirm_run_unsafe_code)
                     add_engine_metrics(results)
-                    if mode == "resident":
+                    if mode == REFERENCE:
                         reference[task] = results
                     diverged = divergence(results, reference[task], tokenizer) if task in reference and \
-                        mode != "resident" else {}
+                        mode != REFERENCE else {}
                     results["divergence"] = diverged
                     save_json(results, out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, results, results.get("engine"))
