@@ -33,7 +33,9 @@ from evalsuite.perf.bench import bench_model, format_result
 from evalsuite.perf.shapes import random_model
 
 ARCHITECTURES = ("qwen3_moe", "gpt_oss", "deepseek_v3")
-EXACT_CASES = (("on-demand", None), ("router-preserving", "gate"), ("router-preserving", "oracle"))
+# every exact offloading mode; one that predicts, with the gate and the oracle predictor
+EXACT_CASES = tuple((name, predictor) for name, mode in evalsuite.MODES.items() if mode.exact and mode.offloads
+                    for predictor in (("gate", "oracle") if mode.predicts else (None,)))
 
 
 def greedy(model, ids, tokens: int):

@@ -23,15 +23,22 @@ def _capacity(text: str):
     return text
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
+def _add_engine_options(p: argparse.ArgumentParser, several_predictors: bool = False) -> None:
+    from .argtypes import LINKS, POLICIES, POOLS, PREDICTORS, STORES, link, names_in
+
     p.add_argument("--cache-capacity", type=_capacity, default=0.5,
                    help="experts the device cache holds: a count, a fraction of all experts, '512MiB', 'all'")
-    p.add_argument("--cache-policy", default="lru", help="lru | lfu")
-    p.add_argument("--cache-pools", default="global", help="global | per-layer")
-    p.add_argument("--link", default=None, help="pcie3 | pcie4 | pcie5 | nvlink-c2c | ufs4 | ufs3 | sdcard | '8GB/s+20us'")
-    p.add_argument("--store", default="host", help="host (pinned memory) | disk (mmap of the safetensors files)")
-    p.add_argument("--predictor", default=None, help="gate | quasi | adapter | estimator | oracle | frequency | hybrid; "
-                                                     "several, comma-separated: each predicting mode runs with each")
+    p.add_argument("--cache-policy", default="lru", choices=POLICIES, help="eviction policy (docs/performance.md)")
+    p.add_argument("--cache-pools", default="global", choices=POOLS, help="one pool for all layers, or one per layer")
+    p.add_argument("--link", default=None, type=link,
+                   help=f"emulated link: {', '.join(LINKS)}, or a bandwidth such as '8GB/s+20us' (default: real copies)")
+    p.add_argument("--store", default="host", choices=STORES,
+                   help="host (pinned memory) or disk (read from the safetensors files when fetched)")
+    if several_predictors:  # eval: each predicting mode runs once with each that fits it
+        p.add_argument("--predictor", default=None, type=names_in(PREDICTORS, "predictor"),
+                       help=f"comma-separated, of {', '.join(PREDICTORS)} (default: each mode's own)")
+    else:
+        p.add_argument("--predictor", default=None, choices=PREDICTORS, help="default: each mode's own")
     p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
@@ -72,10 +79,11 @@ def _use_sandbox(args) -> None:
 
 
 def cmd_generate(args) -> int:
+    from .engine.modes import MODES
     from .generate import DEMO_PROMPTS, compare_modes, format_table, load_model
 
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.store)
-    rows = compare_modes(model, tokenizer, args.modes.split(","), prompts=args.prompt or DEMO_PROMPTS,
+    rows = compare_modes(model, tokenizer, args.modes, prompts=args.prompt or DEMO_PROMPTS,
                          max_new_tokens=args.max_new_tokens, cache_capacity=args.cache_capacity,
                          cache_policy=args.cache_policy, cache_pools=args.cache_pools, link=args.link,
                          store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
@@ -83,8 +91,8 @@ def cmd_generate(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
-    # on-demand and router-preserving must reproduce resident exactly; speculative may not
-    broken = [r["mode"] for r in rows if r["mode"] in ("on-demand", "router-preserving") and not r["same_as_resident"]]
+    # the exact modes must reproduce resident; speculative ones may not
+    broken = [r["mode"] for r in rows if MODES[r["mode"]].exact and r["same_as_resident"] is False]
     if broken:
         print(f"evalsuite: error: {', '.join(broken)} changed the output", file=sys.stderr)
     return 1 if broken else 0
@@ -157,7 +165,7 @@ def _eval(args) -> int:
         tasks = split_names(args.tasks, "--tasks")
     else:
         tasks = {model: default_tasks(model) for model in models}
-    modes = split_names(args.modes, "--modes")
+    modes = args.modes  # a list: checked by its type (evalsuite.argtypes)
     # the whole request is checked before run_suite loads the first model or stores anything
     engine = dict(predictor=args.predictor, predictor_path=args.predictor_path, cache_capacity=args.cache_capacity,
                   link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store,
@@ -232,13 +240,18 @@ def cmd_train_tiny(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .argtypes import MODES, names_in
+    from .predict.calibrate import TRAINED
+
+    modes = names_in(MODES, "mode")
     parser = Parser(prog="evalsuite", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="greedy generation under several modes, with engine metrics")
     g.add_argument("--model", default="tiny:qwen3_moe", help="model directory, or tiny:<model_type> (random weights)")
-    g.add_argument("--modes", default="resident,on-demand",
-                   help="comma-separated execution modes (resident always runs first: the reference for the others)")
+    g.add_argument("--modes", default="resident,on-demand", type=modes,
+                   help=f"comma-separated execution modes: {', '.join(MODES)} (resident always runs first: the "
+                        "reference for the others)")
     g.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     g.add_argument("--max-new-tokens", type=int, default=16)
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -249,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="routing traces -> default vectors, adapters, estimators (an artifact)")
     c.add_argument("--model", required=True, help="model directory, or tiny:<model_type>")
-    c.add_argument("--predictor", default="all", help="quasi | adapter | estimator | hybrid | frequency | all")
+    c.add_argument("--predictor", default="all", choices=TRAINED, help="what to calibrate (all: every one)")
     c.add_argument("--data", help="JSONL of calibration texts (default: the project's generated training data)")
     c.add_argument("--out", required=True, help="directory for predictor.safetensors")
     c.add_argument("--prompts", type=int, default=256, help="calibration texts to use")
@@ -266,7 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="models x modes x tasks through lm-eval; one table, stored results")
     e.add_argument("--model", help="comma-separated model directories (default: the shipped tiny models, "
                                    "models/tiny-qwen3-moe,models/tiny-glm4-moe,models/tiny-qwen3-vl-moe)")
-    e.add_argument("--modes", default="resident,on-demand,router-preserving,speculative")
+    e.add_argument("--modes", default="resident,on-demand,router-preserving,speculative", type=modes,
+                   help=f"comma-separated execution modes: {', '.join(MODES)}")
     e.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the project's own, plus benchmarks "
                                    "when a data directory is given)")
     e.add_argument("--limit", type=int, default=20, help="documents per task")
@@ -278,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--confirm-run-unsafe-code", action="store_true",
                    help="allow scoring generated code (in the sandbox): needed by code tasks")
     _add_sandbox_option(e)
-    _add_engine_options(e)
+    _add_engine_options(e, several_predictors=True)
     _add_run_options(e)
     e.add_argument("--plan", default="measure", choices=("measure", "replay"),
                    help="measure: every configuration generates through the engine; replay: one batched resident "

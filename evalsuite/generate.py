@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from .engine import offload
 from .engine.metrics import token_divergence
+from .engine.modes import REFERENCE, mode_named
 
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
@@ -61,11 +62,12 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
     resident's first (`requested` says whether it was among `modes`)."""
     rows, reference = [], None
     inputs = [encode([p], tokenizer, model.config.get_text_config().vocab_size, model.device) for p in prompts]
-    ordered = ["resident"] + [m for m in modes if m != "resident"]
+    ordered = [REFERENCE] + [m for m in modes if m != REFERENCE]
+    kinds = {mode: mode_named(mode) for mode in ordered}  # an unknown mode fails before the first run
     for mode in tqdm(ordered, desc="modes", disable=len(ordered) < 2):
         run = copy.deepcopy(model)
-        options = {} if mode == "resident" else dict(engine_options)
-        if mode == "on-demand":
+        options = dict(engine_options) if kinds[mode].offloads else {}
+        if not kinds[mode].predicts:  # an offloading mode that does not predict refuses a predictor
             options.pop("predictor", None), options.pop("predictor_path", None)
         with offload(run, mode=mode, **options) as engine, torch.no_grad():
             outputs = [run.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
@@ -75,7 +77,7 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
         divergence = None if reference is None else [
             token_divergence(o[0, i.shape[1]:].tolist(), r[0, i.shape[1]:].tolist())
             for o, r, (i, _) in zip(outputs, reference, inputs)]
-        reference = outputs if mode == "resident" else reference
+        reference = outputs if mode == REFERENCE else reference
         rows.append({"mode": mode, "requested": mode in modes, "same_as_resident": same, "divergence": divergence,
                      **stats,
                      "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})

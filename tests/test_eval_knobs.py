@@ -76,7 +76,7 @@ def test_eval_errors_name_the_commands_own_flags(tmp_path):
     """A missing artifact or a bad option is named as `--predictor-path`/`--cache-policy`, never as model_args."""
     base = [os.path.join(os.path.dirname(sys.executable), "evalsuite"), "eval", "--model", shipped_model(),
             "--tasks", "evalsuite_yesno", "--limit", "1", "--db", f"sqlite:///{tmp_path / 'r.db'}"]
-    for extra, flag in ((["--modes", "speculative", "--cache-policy", "fifo"], "--cache-policy 'fifo'"),
+    for extra, flag in ((["--modes", "speculative", "--cache-policy", "fifo"], "--cache-policy: invalid choice: 'fifo'"),
                         (["--modes", "on-demand", "--cache-capacity", "-1"], "--cache-capacity -1")):
         done = subprocess.run(base + extra, env=ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and flag in done.stderr and "=" not in done.stderr.split(flag)[0], done.stderr

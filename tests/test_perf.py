@@ -141,7 +141,7 @@ def test_simulate_command_projects_every_mode(tmp_path, capsys):
                  "--steps", "8", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())[0]["rows"]
     modes = [r["mode"] for r in rows]
-    assert modes == ["resident", "on-demand", "router-preserving", "speculative", "oracle", "overlap bound"]
+    assert modes == ["resident", "on-demand", "router-preserving", "speculative", "perfect-prefetch", "overlap bound"]
     by_mode = {r["mode"]: r["tpot_ms"] for r in rows}
     assert by_mode["resident"] < by_mode["overlap bound"] <= by_mode["on-demand"]
     assert "synthetic trace" in capsys.readouterr().out

@@ -52,18 +52,18 @@ def test_lru_evicts_the_least_recently_used():
     assert p.transfers_per_token == pytest.approx(5 / 6)
 
 
-def test_the_oracle_reaches_the_bound_within_the_pipeline_start_when_copies_fit_compute():
+def test_perfect_prefetch_reaches_the_bound_within_the_pipeline_start_when_copies_fit_compute():
     # every layer's two misses take 6 s of link, its compute 12 s: perfect prediction hides them
     # all but the very first layer's (nothing predicts the first token's first layer)
     slow_compute = Costs(dense_s=10.0, expert_s=1.0, step_s=0.0, transfer_s=3.0, chunk_s=1.0)
     steps = [[[2 * s % 16, (2 * s + 1) % 16], [(2 * s + 8) % 16, (2 * s + 9) % 16]] for s in range(6)]
     trace = trace_of(steps)
-    oracle = simulate(trace, slow_compute, capacity=8, mode="oracle")
+    perfect = simulate(trace, slow_compute, capacity=8, mode="perfect-prefetch")
     bound = overlap_bound(trace, slow_compute, capacity=8)
     pipeline_start = 2 * 3.0 / len(steps)  # the first layer's copies, once per trace
-    assert bound <= oracle.tpot_s <= bound + pipeline_start
+    assert bound <= perfect.tpot_s <= bound + pipeline_start
     on_demand = simulate(trace, slow_compute, capacity=8, mode="on-demand")
-    assert gap_closed(on_demand.tpot_s, oracle.tpot_s, bound) > 0.8
+    assert gap_closed(on_demand.tpot_s, perfect.tpot_s, bound) > 0.8
 
 
 def test_the_first_layer_is_prefetched_from_the_previous_token():

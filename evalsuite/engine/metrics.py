@@ -16,7 +16,8 @@ prefetch cancelled  a prefetch whose copy was still queued or moving when its la
 victims restored  cancelled prefetches whose copy had not started: the used expert they had
                evicted got its slot (and its place in the eviction order) back.
 recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
-               averaged within a sample, then across samples (SpecPrefetch): token_recall.
+               averaged within a sample, then across samples (SpecPrefetch): recall_of_top, which
+               token_recall (predicted scores) and ranked_recall (ranked id lists) call.
 divergence     per sample, against the resident run's greedy generation: the first generated
                position whose token differs (None if none) and the share of positions with
                identical tokens (over the longer of the two generations).
@@ -208,7 +209,22 @@ def token_divergence(generated: list[int], reference: list[int]) -> dict:
     return {"first_divergence": first, "identical_share": sum(same) / n if n else 1.0}
 
 
-def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:
-    """Recall@k per token (SpecPrefetch): |top-k(predicted) ∩ native top-K| / K."""
-    top = predicted.topk(min(k, predicted.shape[1]), dim=-1).indices.to(native_ids.device)
+def recall_of_top(top: torch.Tensor, native_ids: torch.Tensor) -> torch.Tensor:
+    """Recall@k per token (SpecPrefetch), the one definition: |top ∩ native top-K| / K, for the
+    predicted top-k ids `top` [T, k] (an id below 0 matches nothing) and the router's `native_ids` [T, K]."""
+    top = top.to(native_ids.device)
     return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]
+
+
+def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:
+    """Recall@k per token of predicted scores [T, E]: their top-k against the router's top-K."""
+    return recall_of_top(predicted.topk(min(k, predicted.shape[1]), dim=-1).indices, native_ids)
+
+
+def ranked_recall(ranked: list[list[int]], native: list[list[int]], k: int) -> list[float]:
+    """Recall@k of each ranked prediction (a list of expert ids, best first, as a routing trace
+    holds them) against the native experts of the same token; a list shorter than k counts what it has."""
+    if not ranked:
+        return []
+    top = torch.tensor([list(ids[:k]) + [-1] * (k - len(ids[:k])) for ids in ranked], dtype=torch.long)
+    return recall_of_top(top, torch.tensor(native, dtype=torch.long)).tolist()

@@ -19,7 +19,8 @@ from .prediction import PREDICTORS, PredictionDriver
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
 from .kernel import run_experts
-from .options import MODES, check_options  # noqa: F401  (MODES: evalsuite.engine exports it)
+from .modes import MODES, names_where
+from .options import check_options
 from .scheduler import PrefetchScheduler
 from .shadows import ShadowPredictions
 from . import placement
@@ -27,7 +28,6 @@ from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
 from .token_kinds import TokenKinds, image_token_ids
 from .transfer import TransferEngine, TransferError, parse_link
 
-PREDICTING = ("router-preserving", "speculative", "hybrid")
 IMPLEMENTATION = "evalsuite"
 
 
@@ -117,7 +117,7 @@ class Engine(ExpertFetching):
         self._prefetch_s, self._prefetch_n = 0.0, 0
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
-        predictor = predictor or {"hybrid": "hybrid", "resident": None, "on-demand": None}.get(mode, "gate")
+        predictor = predictor or MODES[mode].predictor  # resident takes one only when given: it measures recall
         top_k = self.layers[0].top_k
         budget = prefetch_budget or top_k
         if budget < top_k:
@@ -128,7 +128,7 @@ class Engine(ExpertFetching):
                                                    drift_threshold)
         shadow_predictors = {name: self._build_predictor(name, predictor_path, artifact, 1, drift_layers,
                                                          drift_threshold) for name in shadows}
-        if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
+        if MODES[mode].offloads:  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
@@ -145,7 +145,7 @@ class Engine(ExpertFetching):
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
             self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget)
         if predictor is not None:
-            scheduler = PrefetchScheduler(self, budget, window) if mode in PREDICTING else None
+            scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
                                            preserve_layers, scheduler)
         if self.shadows is not None:
@@ -160,9 +160,11 @@ class Engine(ExpertFetching):
 
     # ---- construction -------------------------------------------------------------------
     def _check_predicting(self, horizon):
-        if self.mode == "on-demand":
-            raise ValueError("mode 'on-demand' uses no predictor; choose router-preserving, speculative or hybrid")
-        if self.mode in ("speculative", "hybrid") and horizon != 1:
+        mode = MODES[self.mode]
+        if mode.offloads and not mode.predicts:
+            raise ValueError(f"mode {self.mode!r} uses no predictor; choose one of: "
+                             f"{', '.join(names_where(predicts=True))}")
+        if mode.speculates and horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
 
     def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):

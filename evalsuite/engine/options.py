@@ -11,10 +11,10 @@ from numbers import Real
 import torch
 
 from .cache import POLICIES, capacity_in_experts
+from .modes import MODES
 from .prediction import PREDICTORS
 from .transfer import parse_link
 
-MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
 STORES = ("host", "disk")
 POOLS = ("global", "per-layer")
 # the oracles read the routing of the pass they predict (a look-ahead pass, a recorded run): nothing to shadow

@@ -28,9 +28,8 @@ from typing import Callable
 import torch
 
 from .metrics import token_recall
+from .modes import MODES
 from .scheduler import ranked
-
-SPECULATIVE = ("speculative", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class PredictionDriver:
         return hook
 
     def speculates(self, pos: int) -> bool:
-        return (self.mode in SPECULATIVE and pos > 0 and self.engine.decoding
+        return (MODES[self.mode].speculates and pos > 0 and self.engine.decoding
                 and self.engine.layers[pos].index not in self.preserve)
 
     def on_router(self, pos, router, x, output):

@@ -18,6 +18,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .metrics import ranked_recall
+
 VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
 
 
@@ -68,9 +70,9 @@ class RoutingTrace:
             self.steps[index][0].predicted = earlier
 
     def recall(self) -> float | None:
-        """Mean |top-k(predicted) ∩ native| / k over the layers that have a prediction."""
-        values = [len(set(r.predicted[: self.top_k]) & set(r.native)) / self.top_k
-                  for step in self.steps for r in step if r.predicted]
+        """Mean recall@top-k (evalsuite.engine.metrics) over the layers that have a prediction."""
+        made = [r for step in self.steps for r in step if r.predicted]
+        values = ranked_recall([r.predicted for r in made], [r.native for r in made], self.top_k)
         return sum(values) / len(values) if values else None
 
     def predicted_reuse(self) -> float | None:

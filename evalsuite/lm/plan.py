@@ -27,8 +27,7 @@ import torch
 from .. import timing
 from ..engine.cache import capacity_in_experts
 from ..engine.metrics import recall_summary, summarise
-from ..engine.offload import PREDICTING
-from ..engine.prediction import SPECULATIVE
+from ..engine.modes import MODES, REFERENCE
 from ..engine.shadows import routing_trace
 from ..engine.transfer import parse_link
 from ..predict import Artifact
@@ -58,13 +57,13 @@ class Pass:
 
 def plan_passes(modes, predictor) -> list[Pass]:
     """The fewest generations that give every (mode, predictor) run the request asks for."""
-    exact = [(mode, chosen) for mode in modes if mode not in SPECULATIVE for chosen in predictors_for(mode, predictor)]
+    exact = [(mode, chosen) for mode in modes if not MODES[mode].speculates for chosen in predictors_for(mode, predictor)]
     passes = []
     if exact:
         shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
-        passes.append(Pass("resident", None, shadows, exact))
+        passes.append(Pass(REFERENCE, None, shadows, exact))
     for mode in modes:
-        if mode in SPECULATIVE:
+        if MODES[mode].speculates:
             passes += [Pass(mode, chosen, [chosen], [(mode, chosen)]) for chosen in predictors_for(mode, predictor)]
     return passes
 
@@ -88,7 +87,7 @@ def run_plan(db, request, target) -> list[dict]:
     request.progress(describe(passes, target, request))
     rows, costs, reference = [], None, {}
     for index, p in enumerate(passes):
-        speculative = p.mode in SPECULATIVE
+        speculative = MODES[p.mode].speculates
         # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
         extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
         if p.shadows and request.predictor_path and not speculative:
@@ -123,7 +122,7 @@ def run_plan(db, request, target) -> list[dict]:
                 results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
                                                            request.confirm_run_unsafe_code))
                 shadows = lm.shadow_records.pop(task)
-                if p.mode == "resident":
+                if p.mode == REFERENCE:
                     reference[task] = results
                 for (mode, chosen), (run_id, uid, done) in runs.items():
                     if task in done:
@@ -155,7 +154,7 @@ def run_plan(db, request, target) -> list[dict]:
 
 
 def _label(mode: str, predictor: str | None) -> str:
-    return mode + (f"/{predictor}" if predictor and mode in PREDICTING else "")
+    return mode + (f"/{predictor}" if predictor and MODES[mode].predicts else "")
 
 
 def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
@@ -165,7 +164,7 @@ def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
         if not done:
             continue
         stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
-        if mode == "resident":
+        if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
         rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0)
     return rows
@@ -173,7 +172,7 @@ def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:
     """A run's configuration as replayed: its own mode, predictor, cache and link, and the pass it came from."""
-    offloads = mode != "resident"
+    offloads = MODES[mode].offloads
     options = request.engine_options
     return {**config, "mode": mode, "predictor": predictor,
             "cache_capacity": str(request.cache_capacity) if offloads else None,

@@ -11,13 +11,10 @@ import json
 import os
 
 from ..engine import arch
-from ..engine.offload import PREDICTING
+from ..engine.modes import MODES, names_where
 from ..engine.options import check_options
 from ..hub import local_model
 
-# the predictor a mode runs when none is given; `hybrid` is the estimator on drift layers plus quasi
-DEFAULT_PREDICTOR = {"resident": None, "on-demand": None, "router-preserving": "gate", "speculative": "gate",
-                     "hybrid": "hybrid"}
 CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -40,42 +37,47 @@ def predictor_names(predictor) -> list[str]:
 
 
 def predictors_for(mode: str, predictor) -> list[str | None]:
-    """The predictors `mode` runs, one run each: those given that fit the mode (hybrid runs the hybrid
-    predictor, the others every other one given), else the mode's own; [None] where the mode predicts nothing."""
-    if mode not in PREDICTING:
-        return [None]
+    """The predictors `mode` runs, one run each: a mode with its own predictor runs that one, the others each
+    one given that no mode owns; none given, the mode's default; [None] where the mode predicts nothing."""
+    spec = MODES[mode]
     names = predictor_names(predictor)
-    if not names:
-        return [DEFAULT_PREDICTOR[mode]]
-    return ["hybrid"] if mode == "hybrid" else [name for name in names if name != "hybrid"]
+    if not spec.predicts:
+        return [None]
+    if spec.own_predictor or not names:
+        return [spec.predictor]
+    return [name for name in names if name not in _owned()]
 
 
-def predictor_for(mode: str, predictor: str | None) -> str | None:
-    """The predictor `mode` runs: the one given where the mode predicts, else the mode's own."""
-    return (predictor or DEFAULT_PREDICTOR[mode]) if mode in PREDICTING else None
+def _owned() -> set[str]:
+    return {mode.predictor for mode in MODES.values() if mode.own_predictor}
 
 
 def check_predictor(modes, predictor) -> None:
-    """Every predictor given exists and fits a predicting mode it is run with; every predicting mode gets one."""
+    """Every predictor given exists; each predicting mode gets one that fits it, and each one given is run."""
     names = predictor_names(predictor)
     if not names:
         return
     for name in names:
         check_options(predictor=name)
     given = ",".join(names)
-    predicting = [mode for mode in modes if mode in PREDICTING]
+    predicting = [mode for mode in modes if MODES[mode].predicts]
     if not predicting:
         raise ValueError(f"--predictor {given}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
-                         "out, or add router-preserving, speculative or hybrid to --modes")
-    others = [name for name in names if name != "hybrid"]
-    if "hybrid" in predicting and "hybrid" not in names:
-        raise ValueError(f"mode hybrid runs the hybrid predictor, not {given}: leave --predictor out (each mode "
-                         "then runs its own) or run hybrid separately")
-    if not others and set(predicting) - {"hybrid"}:
-        raise ValueError(f"the hybrid predictor belongs to mode hybrid, not {', '.join(set(predicting) - {'hybrid'})}: "
-                         "leave --predictor out, and each mode runs its own")
-    if others and predicting == ["hybrid"]:
-        raise ValueError(f"mode hybrid runs the hybrid predictor, not {','.join(others)}: leave --predictor out")
+                         f"out, or add one of {', '.join(names_where(predicts=True))} to --modes")
+    free = [name for name in names if name not in _owned()]
+    for mode in (MODES[name] for name in predicting if MODES[name].own_predictor):
+        if mode.predictor not in names:
+            raise ValueError(f"mode {mode.name} runs the {mode.predictor} predictor, not {given}: leave --predictor "
+                             f"out (each mode then runs its own) or run {mode.name} separately")
+    others = [name for name in predicting if not MODES[name].own_predictor]
+    for owner in (mode for mode in MODES.values() if mode.own_predictor and mode.predictor in names):
+        if owner.name not in predicting or (others and not free):
+            raise ValueError(f"the {owner.predictor} predictor belongs to mode {owner.name}, not "
+                             f"{', '.join(sorted(set(predicting) - {owner.name}))}: leave --predictor out, and each "
+                             "mode runs its own")
+    if free and not others:
+        raise ValueError(f"mode(s) {', '.join(predicting)} run their own predictor, not {','.join(free)}: leave "
+                         "--predictor out")
 
 
 def parse_gen_kwargs(text: str | dict | None) -> dict | None:
@@ -161,7 +163,7 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
         if apply_chat_template:
             check_chat_template(path, apply_chat_template)
     if model_files:
-        if predictor_path and any(mode in PREDICTING for mode in modes) and not os.path.isfile(predictor_path):
+        if predictor_path and any(MODES[mode].predicts for mode in modes) and not os.path.isfile(predictor_path):
             raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
 

@@ -19,9 +19,9 @@ from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..tasks import TASKS_DIR
-from ..engine.offload import PREDICTING
+from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
-from .preflight import check_eval, parse_gen_kwargs, predictor_for, predictors_for, unsafe_tasks
+from .preflight import check_eval, parse_gen_kwargs, predictors_for, unsafe_tasks
 from .results import add_engine_metrics
 from .runs import (check_generation_lengths, divergence, engine_config, evaluate_task, file_hash, finish, open_run,
                    save_json, table_rows)
@@ -46,14 +46,14 @@ def model_args(model: str, mode: str, predictor: str | None, predictor_path: str
     args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
     if dtype is not None:
         args.append(f"dtype={dtype}")
-    predictor = predictor_for(mode, predictor)
+    predictor = default_predictor(mode, predictor)
     if predictor:
         args.append(f"predictor={predictor}")
-    if predictor_path and mode in PREDICTING:
+    if predictor_path and MODES[mode].predicts:
         args.append(f"predictor_path={predictor_path}")
-    if link and mode != "resident":
+    if link and MODES[mode].offloads:
         args.append(f"link={link}")
-    if mode != "resident":
+    if MODES[mode].offloads:
         args += [f"{name}={value}" for name, value in engine_options.items() if value is not None]
     return ",".join(args + ([extra] if extra else []))
 
@@ -187,8 +187,8 @@ def run_config(request: Request, target: Target, lm, mode: str, args: str, **ext
     return {"model": target.name, "model_path": os.path.abspath(target.path),
             "mode": mode, "predictor": lm.engine.describe()["predictor"],
             "predictor_artifact": file_hash(request.predictor_path), "seed": request.options["seed"],
-            "cache_capacity": str(request.cache_capacity) if mode != "resident" else None,
-            **engine_config(lm.engine), "link": request.link if mode != "resident" else None, "limit": request.limit,
+            "cache_capacity": str(request.cache_capacity) if MODES[mode].offloads else None,
+            **engine_config(lm.engine), "link": request.link if MODES[mode].offloads else None, "limit": request.limit,
             "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.device,
             "batch_size": request.batch_size, "num_fewshot": request.options["num_fewshot"],
             "gen_kwargs": request.options["gen_kwargs"], "apply_chat_template": request.options["apply_chat_template"],
@@ -214,7 +214,7 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
     try:
         if done:  # stored by an earlier, interrupted invocation: read back from this database only
             stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
-            if mode == "resident":
+            if mode == REFERENCE:
                 reference.update(dict.fromkeys(stored["results"], stored))
             rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
         if set(target.tasks) - done:
@@ -226,10 +226,10 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             started = time.time()
             results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
                                                        request.confirm_run_unsafe_code))
-            if mode == "resident":
+            if mode == REFERENCE:
                 reference[task] = results
             diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
-                mode != "resident" else {}
+                mode != REFERENCE else {}
             results["divergence"] = diverged
             save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
             db.add_lm_eval_tasks(run_id, results, results.get("engine"))

@@ -27,13 +27,15 @@ import torch
 from tqdm import tqdm
 
 from ..engine import offload
+from ..engine.modes import MODES
 from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
 from .decode import greedy, load_bench_model, whole
 from .profiles import case_label
-from .simulate import Costs, gap_closed, overlap_bound, simulate
+from .simulate import PERFECT_PREFETCH, Costs, gap_closed, overlap_bound, simulate
 
 
 FREE = " free-running"  # the label suffix of a case that feeds its own tokens
+PERFECT = ("trace-oracle", "oracle")  # predictors that know the routing: run only where the router decides
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,10 @@ class Case:
 
     @property
     def sim_mode(self) -> str:
-        perfect = self.predictor in ("oracle", "trace-oracle") and self.mode == "router-preserving"
-        return "oracle" if perfect else self.mode
+        """The simulator's mode for this case: a perfect predictor prefetching for the router is perfect-prefetch."""
+        mode = MODES[self.mode]
+        perfect = self.predictor in PERFECT and mode.predicts and not mode.speculates
+        return PERFECT_PREFETCH.name if perfect else self.mode
 
 
 def _case(mode: str, predictor: str | None = None, forced: bool = True) -> Case:
@@ -55,19 +59,19 @@ def _case(mode: str, predictor: str | None = None, forced: bool = True) -> Case:
 
 
 def cases(predictors, hybrid: bool) -> list[Case]:
-    """Every case of one configuration. `trace-oracle` (a free perfect predictor replaying the
-    resident run's routing) and `oracle` (perfect, but paying a look-ahead pass) run
-    router-preserving only; speculative cases run teacher-forced and free-running."""
-    out = [_case("resident"), _case("on-demand")]
-    out += [_case("router-preserving", p) for p in predictors if p not in ("oracle", "trace-oracle")]
-    speculating = [("speculative", p) for p in predictors if p not in ("oracle", "trace-oracle", "frequency")]
-    speculating += [("hybrid", "hybrid")] if hybrid else []
+    """Every case of one configuration: the modes without a predictor; each prefetching mode with each
+    predictor; each speculating mode with each predictor (or its own, where the estimator it needs is
+    calibrated: `hybrid`), teacher-forced and free-running; then the perfect predictors, `trace-oracle`
+    (free, replaying the resident run's routing) and `oracle` (paying a look-ahead pass), which run
+    only in the modes where the router decides."""
+    plain = [name for name, mode in MODES.items() if not mode.predicts]
+    preserving = [name for name, mode in MODES.items() if mode.predicts and not mode.speculates]
+    out = [_case(m) for m in plain] + [_case(m, p) for m in preserving for p in predictors if p not in PERFECT]
+    speculating = [(name, p) for name, mode in MODES.items() if mode.speculates and not mode.own_predictor
+                   for p in predictors if p not in (*PERFECT, "frequency")]
+    speculating += [(name, mode.predictor) for name, mode in MODES.items() if mode.own_predictor and hybrid]
     out += [_case(m, p) for m, p in speculating] + [_case(m, p, forced=False) for m, p in speculating]
-    if "trace-oracle" in predictors:
-        out.append(_case("router-preserving", "trace-oracle"))
-    if "oracle" in predictors:
-        out.append(_case("router-preserving", "oracle"))
-    return out
+    return out + [_case(m, p) for m in preserving for p in PERFECT if p in predictors]
 
 
 def _artifact(case: Case, artifact, trace):
@@ -79,8 +83,8 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
     options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True)
     if case.predictor is not None:
         options.update(predictor=case.predictor, artifact=_artifact(case, artifact, trace))
-    if case.mode == "resident":
-        options = dict(mode="resident", trace=True)
+    if not MODES[case.mode].offloads:  # no cache, no link
+        options = dict(mode=case.mode, trace=True)
     with offload(model, **options) as engine:
         probe = SpeedProbe(engine)
         out = greedy(model, ids, tokens, reference if case.forced else None)
@@ -135,8 +139,7 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
                 bar.update(1)
                 for case in all_cases:
                     r = run_case(model, ids, tokens, case, link, capacity, artifact, reference, trace)
-                    exact = case.mode in ("resident", "on-demand", "router-preserving")
-                    if exact and not torch.equal(r["out"], reference):
+                    if MODES[case.mode].exact and not torch.equal(r["out"], reference):
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
                     runs[case].append(r)
                     bar.update(1)
@@ -193,18 +196,18 @@ def _summarise(runs, measured, link, capacity) -> dict:
                      # paired per repeat (the runs of one repeat are adjacent in time), with the spread
                      "vs_on_demand": med(paired), "vs_on_demand_range": [min(paired), max(paired)],
                      "ttft_ms": med(r["ttft_s"] for r in rs) * 1e3,
-                     "hit_rate": med(r["hit_rate"] for r in rs) if case.mode != "resident" else 1.0,
+                     "hit_rate": med(r["hit_rate"] for r in rs) if MODES[case.mode].offloads else 1.0,
                      "forced": case.forced, "same_tokens": med(r["same_tokens"] for r in rs),
                      "stall_ms_per_token": med(r["stall_ms_per_token"] or 0.0 for r in rs),
-                     "gap_closed": gap_closed(od_tpot, tpot, bound) if case.mode != "resident" else None,
+                     "gap_closed": gap_closed(od_tpot, tpot, bound) if MODES[case.mode].offloads else None,
                      "simulated_tpot_ms": med(simulated) * 1e3, "speed_factor": med(speed),
                      "profile_tpot_ms": replayed * 1e3,
                      "sim_error": med(sim / r["tpot_s"] - 1 for sim, r in zip(simulated, rs))})
-    # perfect prediction with a free look-ahead, replayed on the native routing: prediction's ceiling
-    free = simulate(runs[on_demand][0]["trace"], link_costs, slots, "oracle").tpot_s
+    # perfect prediction at no cost, replayed on the native routing: prediction's ceiling
+    free = simulate(runs[on_demand][0]["trace"], link_costs, slots, PERFECT_PREFETCH.name).tpot_s
     return {"link": link, "capacity": capacity, "cache_experts": slots, "transfer_ms": transfer_s * 1e3,
             "costs": link_costs.__dict__, "case_costs": pcost,
-            "bound_tpot_ms": bound * 1e3, "oracle_free_tpot_ms": free * 1e3, "rows": rows,
+            "bound_tpot_ms": bound * 1e3, "perfect_prefetch_tpot_ms": free * 1e3, "rows": rows,
             "traces": {c.label: rs[0]["trace"] for c, rs in runs.items()}}
 
 
@@ -220,7 +223,7 @@ def format_result(result: dict) -> str:
         lines.append(f"link {cfg['link']} ({cfg['transfer_ms']:.3f} ms per expert measured), cache "
                      f"{cfg['capacity']} = {cfg['cache_experts']} experts; "
                      f"overlap bound {cfg['bound_tpot_ms']:.2f} ms; "
-                     f"oracle with a free look-ahead (simulated) {cfg['oracle_free_tpot_ms']:.2f} ms")
+                     f"perfect prefetch at no cost (simulated) {cfg['perfect_prefetch_tpot_ms']:.2f} ms")
         lines.append(f"{'case':<38}{'TPOT ms':>9}{'/ on-dem':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}"
                      f"{'gap closed':>11}{'same tok':>9}{'sim ms':>9}{'sim err':>9}{'speed':>7}")
         for r in cfg["rows"]:

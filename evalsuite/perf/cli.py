@@ -54,7 +54,7 @@ def cmd_bench(args) -> int:
     from .bench import bench_model, format_result
 
     timing.pin(args.threads)  # the rest of the cores serve the link
-    links, capacities = _list(args.links), [float(c) for c in _list(args.capacities)]
+    links, capacities = args.links, [float(c) for c in _list(args.capacities)]
     if args.repeats < 1 or args.tokens < 2:
         raise ValueError("--repeats must be at least 1 and --tokens at least 2")
     out = Path(args.out)
@@ -62,7 +62,7 @@ def cmd_bench(args) -> int:
     (out / "profiles").mkdir(exist_ok=True)
     results = []
     for spec in _list(args.models):
-        predictors = _list(args.predictors)
+        predictors = list(args.predictors)
         artifact, dropped = _calibrated(spec, predictors, args.calibration_epochs)
         if dropped:
             print(f"{spec}: {', '.join(dropped)} need a calibrated model with a tokenizer; left out")
@@ -126,16 +126,18 @@ def cmd_simulate(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from ..engine.eviction import POLICIES
+    from ..argtypes import POLICIES, PREDICTORS, link_list, names_in
     from .profiles import profile_names
     from .shapes import MODELS
 
     b = sub.add_parser("bench", help="decode TPOT/TTFT of every mode vs the overlap bound; simulator check")
     b.add_argument("--models", default="models/tiny-qwen3-moe,qwen3-30b-a3b",
                    help=f"model directories, tiny:<type>, or real shapes with random weights: {', '.join(MODELS)}")
-    b.add_argument("--links", default="pcie4,ufs4,sdcard")
+    b.add_argument("--links", default="pcie4,ufs4,sdcard", type=link_list,
+                   help="comma-separated link profiles, native (real copies) or bandwidths such as 8GB/s+20us")
     b.add_argument("--capacities", default="0.1,0.25,0.5", help="fractions of all experts")
-    b.add_argument("--predictors", default="gate,quasi,adapter,estimator,trace-oracle,oracle")
+    b.add_argument("--predictors", default="gate,quasi,adapter,estimator,trace-oracle,oracle",
+                   type=names_in(PREDICTORS, "predictor"), help=f"comma-separated: {', '.join(PREDICTORS)}")
     b.add_argument("--tokens", type=int, default=16, help="new tokens per request")
     b.add_argument("--repeats", type=int, default=5, help="interleaved repetitions; medians are reported")
     b.add_argument("--layers", type=int, default=2, help="sparse layers of a real-shape random model")
@@ -155,7 +157,7 @@ def add_commands(sub) -> None:
     s.add_argument("--profile", required=True,
                    help=f"comma-separated: {', '.join(profile_names())}, or YAML files")
     s.add_argument("--capacity", default="0.25", help="comma-separated fractions of all experts")
-    s.add_argument("--predictor", help="predictor whose cost to charge (default: the trace's)")
+    s.add_argument("--predictor", choices=PREDICTORS, help="predictor whose cost to charge (default: the trace's)")
     s.add_argument("--cache-policy", default="lru", choices=POLICIES, help="the engine's eviction policy")
     s.add_argument("--reuse", type=float, help="temporal reuse for a synthetic trace (default: the trace's)")
     s.add_argument("--recall", type=float, help="predictor recall for a synthetic trace (default: the trace's)")

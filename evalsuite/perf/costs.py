@@ -25,7 +25,7 @@ class SpeedProbe:
         if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
             return
         for layer in engine.layers:
-            attention = getattr(engine.model.get_decoder().layers[layer.index], "self_attn", None)
+            attention = getattr(layer.decoder_layer, "self_attn", None)
             if attention is not None:
                 self.hooks += [attention.register_forward_pre_hook(self._start),
                                attention.register_forward_hook(self._stop)]
@@ -57,9 +57,8 @@ class LayerClock:
         self.layer_s: list[float] = []
         self.experts_s: list[float] = []
         self.experts_run: list[int] = []
-        blocks = engine.model.model.layers if hasattr(engine.model, "model") else None
         for layer in engine.layers:
-            block = blocks[layer.index]
+            block = layer.decoder_layer
             self.hooks += [block.register_forward_pre_hook(self._start("layer")),
                            block.register_forward_hook(self._stop("layer", self.layer_s)),
                            layer.experts.register_forward_pre_hook(self._start("experts")),

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from ..engine.modes import MODES
 from .shapes import ModelShape
 from .simulate import Costs
 
@@ -88,7 +89,9 @@ def case_label(mode: str | None, predictor: str | None) -> str | None:
         return None
     if predictor == "oracle":
         return "oracle prefetch"
-    return "hybrid" if mode == "hybrid" else f"{mode or 'router-preserving'}/{predictor}"
+    if mode is not None and MODES[mode].own_predictor:  # the mode names its one predictor
+        return mode
+    return f"{mode or 'router-preserving'}/{predictor}"
 
 
 def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | None = None,

@@ -11,11 +11,12 @@ from dataclasses import replace
 
 from .profiles import Profile, costs
 from .shapes import ModelShape
-from .simulate import gap_closed, overlap_bound, simulate
+from .simulate import PERFECT_PREFETCH, SIMULATED_MODES, gap_closed, overlap_bound, simulate
 from .synthetic import synthetic_trace
 from ..engine.trace import RoutingTrace
 
-PROJECTED_MODES = ("resident", "on-demand", "router-preserving", "speculative", "oracle")
+# every mode that can run the one predictor charged (a mode with its own predictor cannot), then the ideal
+PROJECTED_MODES = tuple(name for name, mode in SIMULATED_MODES.items() if not mode.own_predictor)
 
 
 def fit_trace(trace: RoutingTrace | None, shape: ModelShape, steps: int = 64, reuse: float | None = None,
@@ -60,17 +61,18 @@ def project(trace: RoutingTrace, shape: ModelShape | None, profile: Profile, cap
     base = costs(profile, shape, predictor)
     rows, on_demand = [], None
     for mode in modes:
-        c = replace(base, predictor_s=0.0) if mode in ("resident", "on-demand", "oracle") else \
-            costs(profile, shape, predictor, mode)
+        perfect, predicts = mode == PERFECT_PREFETCH.name, SIMULATED_MODES[mode].predicts
+        c = costs(profile, shape, predictor, mode) if predicts and not perfect else replace(base, predictor_s=0.0)
         p = simulate(trace, c, slots, mode, policy=policy)
         on_demand = p.tpot_s if mode == "on-demand" else on_demand
-        rows.append({"mode": mode, "predictor": None if mode in ("resident", "on-demand") else
-                     ("perfect" if mode == "oracle" else predictor), **_ms(p.as_dict())})
+        rows.append({"mode": mode, "predictor": ("perfect" if perfect else predictor) if predicts else None,
+                     **_ms(p.as_dict())})
     bound = overlap_bound(trace, replace(base, predictor_s=0.0), slots, policy)
     rows.append({"mode": "overlap bound", "predictor": "perfect", "tpot_ms": bound * 1e3})
+    moves_nothing = {name for name, mode in SIMULATED_MODES.items() if not mode.offloads}  # nothing to compare
     for row in rows:
         row["cache_experts"] = slots
-        if on_demand is not None and row["mode"] != "resident":
+        if on_demand is not None and row["mode"] not in moves_nothing:
             row["vs_on_demand"] = row["tpot_ms"] / (on_demand * 1e3) - 1
             row["gap_closed"] = gap_closed(on_demand, row["tpot_ms"] / 1e3, bound)
     return rows

@@ -18,15 +18,20 @@ import torch
 
 from ..engine.cache import ExpertCache
 from ..engine.metrics import Counters, summarise
+from ..engine.modes import MODES, Mode
 from ..engine.scheduler import PrefetchScheduler
 from .link import SerialLink
 
-SPECULATIVE = ("speculative", "hybrid")
+# The simulator's one mode beyond the engine's, its idealised case: router-preserving where every
+# layer's prediction is the native routing and is never put off (with no predictor cost: prediction's
+# ceiling, what the engine's trace-oracle prefetches).
+PERFECT_PREFETCH = Mode("perfect-prefetch", offloads=True, predicts=True, speculates=False, exact=True)
+SIMULATED_MODES: dict[str, Mode] = {**MODES, PERFECT_PREFETCH.name: PERFECT_PREFETCH}
 
 
 def speculates(mode: str, pos: int) -> bool:
     """Whether sparse layer `pos` of a decode step executes its prediction (from the second one on)."""
-    return mode in SPECULATIVE and pos > 0
+    return SIMULATED_MODES[mode].speculates and pos > 0
 
 
 def executed_experts(mode: str, pos: int, routing, top_k: int) -> list[int]:
@@ -63,7 +68,8 @@ class Replay:
     def __init__(self, trace, costs, capacity: int, mode: str, budget: int, window: bool, policy: str,
                  per_layer: bool = False):
         self.trace, self.costs, self.mode = trace, costs, mode
-        self.predicting = mode in ("router-preserving", "speculative", "hybrid", "oracle")
+        self.offloading, self.predicting = SIMULATED_MODES[mode].offloads, SIMULATED_MODES[mode].predicts
+        self.perfect = mode == PERFECT_PREFETCH.name
         self.layers = [SimpleNamespace(index=layer) for layer in trace.layers]
         self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy, per_layer)
         self.link = SerialLink(costs.transfer_s, costs.chunk_s)
@@ -137,8 +143,8 @@ class Replay:
             self.scheduler.layer_at(pos, self.t, self.waited)
             if predicted is not None:
                 self.scheduler.observe(layer, predicted, set(routing.native))
-        executed = executed_experts(self.mode if predicted is not None else "on-demand", pos, routing,
-                                    self.trace.top_k)
+        executed = (executed_experts(self.mode, pos, routing, self.trace.top_k) if predicted is not None
+                    else list(routing.native))  # nothing predicted for this layer: the router's choice runs
         if self.scheduler is not None:  # the router decided: wrong guesses leave the link, right ones go first
             self._settle_prefetches(layer, set(executed))
         if self.predicting:
@@ -149,10 +155,10 @@ class Replay:
         target, routing = (pos + 1, step[pos + 1]) if pos + 1 < len(step) else (0, following and following[0])
         if routing is None:  # the request's last token: nothing comes next
             return
-        ranked = list(routing.native) if self.mode == "oracle" else routing.predicted
+        ranked = list(routing.native) if self.perfect else routing.predicted
         if not ranked:  # the trace holds no prediction for it (none was made)
             return
-        if not self._speculates(target) and self.mode != "oracle" and self.cache.policy != "predicted" \
+        if not self._speculates(target) and not self.perfect and self.cache.policy != "predicted" \
                 and not self.scheduler.worth_predicting(target, 1):
             return  # PredictionDriver leaves it for after the request: no cost, no prefetch now
         self._spend(self.costs.predictor_s, "predict")
@@ -166,7 +172,7 @@ class Replay:
     # ---- Engine.weights_in_order -------------------------------------------------------------
     def _weights_in_order(self, layer: int, needed: list[int]) -> None:
         self.counters.expert_uses += len(needed)
-        if self.mode == "resident":
+        if not self.offloading:
             self.counters.hits += len(needed)
             self._spend(len(needed) * self.costs.expert_s)
             return

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from ..engine.arch import sparse_layers
+from ..engine.arch import decoder_layers, sparse_layers
 from ..zoo.tiny import tiny_model
 
 _QWEN3_30B = dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
@@ -90,9 +90,9 @@ def model_shape(name: str) -> ModelShape:
     sparse = sparse_layers(model)[0]
     expert_params = sum(p.numel() for p in sparse.experts.parameters()) // sparse.num_experts
     weight_bytes = 2  # bf16 for everything but the routed experts
-    block = model.model.layers[sparse.index]
+    block = sparse.decoder_layer
     sparse_rest = sum(p.numel() for p in block.parameters()) - expert_params * sparse.num_experts
-    dense_params = sum(p.numel() for p in model.model.layers[0].parameters()) if first_dense else 0
+    dense_params = sum(p.numel() for p in decoder_layers(model)[0].parameters()) if first_dense else 0
     head = model.lm_head.weight.numel() + model.model.norm.weight.numel()
     return ModelShape(name=name, sparse_layers=layers - first_dense, dense_layers=first_dense,
                       experts=sparse.num_experts, top_k=sparse.top_k, hidden=config.hidden_size,

@@ -20,10 +20,11 @@ with the engine's own expert cache and prefetch scheduler over a simulated link
                      speculative / hybrid layers (from the second): the predicted top-k, all
                      at once at demand priority, and those are what executes
 
-Modes: resident (no transfers), on-demand, router-preserving, speculative / hybrid, oracle
-(router-preserving with perfect predictions for every layer: a free look-ahead, or
-trace-oracle). The overlap bound is Σ over layers of max(layer compute, link time of the
-layer's on-demand misses): what perfect prediction could at best reach with that cache.
+Modes: the engine's (evalsuite.engine.modes; resident moves nothing), and perfect-prefetch:
+router-preserving with a perfect prediction for every layer, the first one across tokens included
+(with predictor costs of zero, what the engine's trace-oracle does). The overlap bound is Σ over
+layers of max(layer compute, link time of the layer's on-demand misses): what perfect prediction
+could at best reach with that cache.
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ import torch
 
 from ..engine.cache import ExpertCache
 from ..engine.transfer import CHUNK_SECONDS
-from .replay import Replay
+from .replay import PERFECT_PREFETCH, SIMULATED_MODES, Replay
 from ..engine.trace import RoutingTrace
 
-MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid", "oracle")
+__all__ = ["PERFECT_PREFETCH", "SIMULATED_MODES", "Costs", "Projection", "gap_closed", "overlap_bound", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,8 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
              window: bool = True, policy: str = "lru") -> Projection:
     """Projected decode TPOT of `mode` over the trace's steps, with `capacity` expert slots and
     eviction `policy`; `budget` candidates per prediction (default the trace's, else top-k)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode not in SIMULATED_MODES:
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(SIMULATED_MODES)}")
     if capacity < trace.top_k:
         raise ValueError(f"capacity {capacity} is below top-k={trace.top_k}")
     budget = budget or trace.meta.get("budget") or trace.top_k

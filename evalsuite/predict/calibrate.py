@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from ..engine import arch
 from ..engine.kernel import expert_mlp
+from ..engine.metrics import token_recall
 from ..engine.store import ExpertLayout
 from .artifact import Artifact, fingerprint
 from ..engine.prediction import LayerState
@@ -101,11 +102,8 @@ def train_estimator(q, target_logits, hidden, epochs, lr):
 
 
 def recall(scores: torch.Tensor, true_ids: torch.Tensor) -> float:
-    """Mean over tokens of |top-K(scores) ∩ true ids| / K."""
-    k = true_ids.shape[1]
-    predicted = scores.topk(k, dim=-1).indices
-    hits = (predicted.unsqueeze(-1) == true_ids.unsqueeze(1)).any(-1).sum(-1)
-    return (hits.float() / k).mean().item()
+    """Mean recall@K over tokens, K = the router's top-k (evalsuite.engine.metrics.token_recall)."""
+    return token_recall(scores, true_ids, true_ids.shape[1]).mean().item()
 
 
 def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: int = 1, hidden: int = 64,

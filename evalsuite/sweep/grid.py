@@ -28,10 +28,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-from ..engine import MODES
+from ..engine.modes import MODES
 from ..yaml_file import read_yaml
 
-PREDICTING_MODES = ("router-preserving", "speculative", "hybrid")
 FIELDS = {"name", "models", "modes", "predictors", "cache_capacities", "links", "tasks", "limit", "seeds",
           "retries", "workers", "resources", "db", "out", "confirm_run_unsafe_code"}
 
@@ -83,7 +82,7 @@ class Sweep:
         seen, cells = set(), []
         for model, mode, predictor, capacity, link, seed in itertools.product(
                 self.models, self.modes, self.predictors, self.cache_capacities, self.links, self.seeds):
-            predicting, offloaded = mode in PREDICTING_MODES, mode != "resident"
+            predicting, offloaded = MODES[mode].predicts, MODES[mode].offloads
             path = predictor["path"] if predicting else None
             cell = Cell(model=os.path.abspath(model) if os.path.isdir(model) else model, mode=mode,
                         predictor=predictor["name"] if predicting else None,

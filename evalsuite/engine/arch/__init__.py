@@ -38,6 +38,7 @@ class SparseLayer:
     experts: nn.Module
     experts_path: str  # module path of the experts, also their checkpoint key prefix
     norm: nn.Module  # the pre-router norm (post_attention_layernorm): its input is the residual
+    decoder_layer: nn.Module  # the whole decoder layer (attention, norms and `block`)
 
     @property
     def top_k(self) -> int:
@@ -101,7 +102,8 @@ def sparse_layers(model: nn.Module) -> list[SparseLayer]:
         if experts is None or not hasattr(experts, "gate_up_proj"):
             continue  # a dense layer (first_k_dense_replace, mlp_only_layers, ...)
         router = getattr(block, family.ROUTER_ATTR)
-        found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts", layer.post_attention_layernorm))
+        found.append(SparseLayer(index, block, router, experts, f"{path}.mlp.experts", layer.post_attention_layernorm,
+                                 layer))
     for layer in found:
         check_top_k(layer.top_k, layer.num_experts, f"sparse layer {layer.index}")
     if not found:
@@ -110,6 +112,11 @@ def sparse_layers(model: nn.Module) -> list[SparseLayer]:
             f"evalsuite needs a Mixture-of-Experts model ({', '.join(SUPPORTED)})"
         )
     return found
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """Every decoder layer of the model's text stack, dense ones included, in order."""
+    return [layer for _, layer in _decoder_layers(model)]
 
 
 def _decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
