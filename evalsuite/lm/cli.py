@@ -14,7 +14,7 @@ def engine_metrics_in_results():
     """While active, `lm_eval.simple_evaluate` returns its results with the engine metrics added."""
     import lm_eval
 
-    from .results import add_engine_metrics
+    from .engine_metrics import add_engine_metrics
 
     evaluate = lm_eval.simple_evaluate
 

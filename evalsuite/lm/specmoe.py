@@ -26,7 +26,7 @@ from ..engine.options import check_options
 from ..engine.metrics import EngineRecord
 from ..hub import local_model
 from ..predict import fingerprint
-from .results import TASK_SUMMARIES
+from .engine_metrics import TASK_SUMMARIES
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",

@@ -24,7 +24,7 @@ from ..tasks import TASKS_DIR
 from ..engine.offload import PREDICTING
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, predictor_for, task_configs, unsafe_tasks
-from .results import add_engine_metrics
+from .engine_metrics import add_engine_metrics
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
 SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
