@@ -13,8 +13,8 @@ import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from . import arch
-from .metrics import Counters, EngineRecord, RequestTiming
-from .prediction import PREDICTORS, PredictionDriver
+from .metrics import Counters, EngineRecord
+from .prediction import PREDICTORS, SPECULATIVE, PredictionDriver
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
@@ -237,7 +237,7 @@ class Engine(ExpertFetching):
         if not self.decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
-            self.record.requests.append(RequestTiming(time.perf_counter(), _rows(args, kwargs)))
+            self.record.start_request(time.perf_counter(), _rows(args, kwargs))
         if self.tracer is not None:
             self.tracer.forward_started(self.decoding, _rows(args, kwargs))
         if self.kinds is not None:
@@ -268,7 +268,8 @@ class Engine(ExpertFetching):
         """Counters in total and per layer, TTFT / TPOT summaries, recall, and the cache's size."""
         if self.driver is not None:
             self.driver.end_request()
-        return {**self.record.summary(), **self.describe(), "device_expert_bytes": self.device_expert_bytes()}
+        summary = self.record.summary(precision_by_construction=self.mode in SPECULATIVE)
+        return {**summary, **self.describe(), "device_expert_bytes": self.device_expert_bytes()}
 
     def describe(self) -> dict:
         """The engine's configuration, as results tables want it."""

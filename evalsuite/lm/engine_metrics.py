@@ -4,13 +4,19 @@ lm-eval has no hook for model-side metrics; the one thing a model hands back int
 `get_model_info()`, which simple_evaluate merges into results["config"]. The adapters report their
 per-task engine summaries there (under TASK_SUMMARIES), and `add_engine_metrics`, called where the
 results are used, moves them to where lm-eval's table reads: `<metric>,engine` entries of
-results["results"][task], and in full (per layer) under results["engine"][task]. Results of other
-models are untouched.
+results["results"][task], and in full (per layer) under results["engine"][task]. Each document's own engine
+metrics (under SAMPLE_METRICS) go to its logged samples, results["samples"][task][i]["engine"], which lm-eval's
+--log_samples writes out. Results of other models are untouched.
 """
 from __future__ import annotations
 
+import statistics
+
+from ..engine.metrics import row_recall
+
 ENGINE_FILTER = "engine"
 TASK_SUMMARIES = "evalsuite_engine_by_task"  # the key in results["config"] the adapters fill
+SAMPLE_METRICS = "evalsuite_engine_by_sample"  # task -> doc_id -> that document's engine metrics
 
 
 def engine_entries(summary: dict) -> dict[str, float]:
@@ -35,15 +41,42 @@ def engine_entries(summary: dict) -> dict[str, float]:
     return {f"{name},{ENGINE_FILTER}": value for name, value in entries.items() if value is not None}
 
 
+def document_metrics(rows: list[dict]) -> dict:
+    """A document's engine metrics from those of its generations (several when a task repeats a request):
+    recall per layer, hit rate and TPOT averaged over them, bytes transferred summed."""
+    if len(rows) == 1:
+        return rows[0]
+    recall = {}
+    for k in sorted({k for row in rows for k in row["recall"] or {}}):
+        layers = [row["recall"][k]["layers"] for row in rows if k in (row["recall"] or {})]
+        recall[k] = row_recall({layer: statistics.fmean(per[layer] for per in layers if layer in per)
+                                for layer in {layer for per in layers for layer in per}})
+    return {"recall": recall or None, "hit_rate": _mean(row["hit_rate"] for row in rows),
+            "bytes_transferred": sum(row["bytes_transferred"] for row in rows),
+            "tpot_ms": _mean(row["tpot_ms"] for row in rows)}
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def add_engine_metrics(results: dict) -> dict:
     """The results of `lm_eval.simple_evaluate` with a specmoe model, its engine metrics added (in place).
 
     Only the tasks of these results get entries: a model evaluated task by task reports every task so far."""
-    summaries = (results.get("config") or {}).pop(TASK_SUMMARIES, None) or {}
+    config = results.get("config") or {}
+    summaries = config.pop(TASK_SUMMARIES, None) or {}
+    by_document = config.pop(SAMPLE_METRICS, None) or {}
     if summaries:
         results.setdefault("engine", {})
     for task, summary in summaries.items():
         if task in results.get("results", {}):
             results["results"][task].update(engine_entries(summary))
             results["engine"][task] = summary
+    for task, samples in (results.get("samples") or {}).items():
+        documents = by_document.get(task, {})
+        for sample in samples:  # one per document and filter
+            if sample.get("doc_id") in documents:
+                sample["engine"] = documents[sample["doc_id"]]
     return results
