@@ -189,11 +189,14 @@ class EngineAdapter:
         return fingerprint(self.model, self.engine.layers)
 
     def get_model_info(self) -> dict:
-        """lm-eval merges this into results["config"]: the engine's configuration, and the per-task engine
-        summaries that `add_engine_metrics` moves into the results."""
+        """lm-eval merges this into results["config"]: the engine's configuration (as asked and as run, and the
+        model's fingerprint), and the per-task and per-document engine metrics that `add_engine_metrics` moves
+        into the results."""
+        from .suite import engine_config  # the cache and store the engine runs with
+
         info = super().get_model_info()
         info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe(),
-                                    "model_fingerprint": self.fingerprint()}
+                                    **engine_config(self.engine), "model_fingerprint": self.fingerprint()}
         info[TASK_SUMMARIES] = self.engine_summaries()
         info[SAMPLE_METRICS] = self.sample_summaries()
         return info
