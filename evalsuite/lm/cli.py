@@ -48,10 +48,11 @@ def run_config(results: dict) -> dict:
     hub = is_hub_id(pretrained)
     dtype = lm_config.get("model_dtype")
     return {"model": pretrained if hub else os.path.basename(pretrained.rstrip("/")),
-            "model_path": pretrained if hub else os.path.abspath(pretrained), "lm_eval_model": lm_config.get("model"), "mode": engine.get("mode"),
-            "predictor": engine.get("predictor"), "cache_capacity": engine.get("cache_capacity"),
-            "cache_policy": engine.get("cache_policy"), "link": engine.get("link"),
-            "model_fingerprint": engine.get("model_fingerprint"), "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
+            "model_path": pretrained if hub else os.path.abspath(pretrained),
+            "lm_eval_model": lm_config.get("model"), "mode": engine.get("mode"), "predictor": engine.get("predictor"),
+            "cache_capacity": engine.get("cache_capacity"), "cache_policy": engine.get("cache_policy"),
+            "link": engine.get("link"), "model_fingerprint": engine.get("model_fingerprint"),
+            "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
             "batch_size": lm_config.get("batch_size"), "gen_kwargs": lm_config.get("gen_kwargs"),
             "model_args": model_args, "engine": engine or None, "tasks": sorted(results.get("results", {})),
             "source": "evalsuite-lm-eval"}
