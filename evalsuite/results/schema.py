@@ -5,9 +5,9 @@ writer's pid/host/start token and a heartbeat to runs (so a dead writer's run re
 metric/filter a sample score belongs to, and lookup indexes; version 3 added a run's `uid` (names its lm-eval
 JSON files), the `error` a failed run ended with, and each sample's raw generated `response` (what a resumed
 run compares later modes with); version 4 added each sample's own engine metrics (recall@k and its per-layer
-values, hit rate, bytes transferred, TPOT), so correctness can be read against recall. A new database is created at the latest
-version directly; an existing one runs every migration above its stored version, in order, in one
-transaction.
+values, hit rate, bytes transferred, TPOT), so correctness can be read against recall. A new database is
+created at the latest version directly; an existing one runs every migration above its stored version, in
+order, in one transaction.
 """
 from __future__ import annotations
 
