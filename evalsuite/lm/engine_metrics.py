@@ -4,9 +4,11 @@ lm-eval has no hook for model-side metrics; the one thing a model hands back int
 `get_model_info()`, which simple_evaluate merges into results["config"]. The adapters report their
 per-task engine summaries there (under TASK_SUMMARIES), and `add_engine_metrics`, called where the
 results are used, moves them to where lm-eval's table reads: `<metric>,engine` entries of
-results["results"][task], and in full (per layer) under results["engine"][task]. Each document's own engine
-metrics (under SAMPLE_METRICS) go to its logged samples, results["samples"][task][i]["engine"], which lm-eval's
---log_samples writes out. Results of other models are untouched.
+results["results"][task], and in full (per layer) under results["engine"][task]. Each generated response comes
+back from the adapters as a GeneratedText carrying the engine metrics of the batch row that produced it; lm-eval
+keeps the responses with their logged samples, and `add_engine_metrics` puts each document's metrics there as
+results["samples"][task][i]["engine"], which lm-eval's --log_samples writes out. Results of other models are
+untouched.
 """
 from __future__ import annotations
 
@@ -16,7 +18,20 @@ from ..engine.metrics import row_recall
 
 ENGINE_FILTER = "engine"
 TASK_SUMMARIES = "evalsuite_engine_by_task"  # the key in results["config"] the adapters fill
-SAMPLE_METRICS = "evalsuite_engine_by_sample"  # task -> doc_id -> that document's engine metrics
+
+
+class GeneratedText(str):
+    """A generated response that carries the engine metrics of the batch row that produced it (recall@k per layer
+    and mean, hit rate, bytes transferred, TPOT: evalsuite.engine.metrics, 'per sample')."""
+
+    def __new__(cls, text: str, engine: dict | None = None):
+        made = super().__new__(cls, text)
+        made.engine = engine
+        return made
+
+    def __reduce__(self):
+        # a response cached or sent between processes is plain text: its metrics belong to the run that made it
+        return str, (str(self),)
 
 
 def engine_entries(summary: dict) -> dict[str, float]:
@@ -65,18 +80,17 @@ def add_engine_metrics(results: dict) -> dict:
     """The results of `lm_eval.simple_evaluate` with a specmoe model, its engine metrics added (in place).
 
     Only the tasks of these results get entries: a model evaluated task by task reports every task so far."""
-    config = results.get("config") or {}
-    summaries = config.pop(TASK_SUMMARIES, None) or {}
-    by_document = config.pop(SAMPLE_METRICS, None) or {}
+    summaries = (results.get("config") or {}).pop(TASK_SUMMARIES, None) or {}
     if summaries:
         results.setdefault("engine", {})
     for task, summary in summaries.items():
         if task in results.get("results", {}):
             results["results"][task].update(engine_entries(summary))
             results["engine"][task] = summary
-    for task, samples in (results.get("samples") or {}).items():
-        documents = by_document.get(task, {})
+    for samples in (results.get("samples") or {}).values():
         for sample in samples:  # one per document and filter
-            if sample.get("doc_id") in documents:
-                sample["engine"] = documents[sample["doc_id"]]
+            rows = [response.engine for responses in sample.get("resps") or [] for response in responses
+                    if isinstance(response, GeneratedText) and response.engine is not None]
+            if rows:
+                sample["engine"] = document_metrics(rows)
     return results

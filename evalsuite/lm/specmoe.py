@@ -28,7 +28,7 @@ from ..engine.metrics import EngineRecord
 from ..engine.prediction import SPECULATIVE
 from ..hub import local_model
 from ..predict import fingerprint
-from .engine_metrics import SAMPLE_METRICS, TASK_SUMMARIES, document_metrics
+from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
@@ -119,7 +119,6 @@ class EngineAdapter:
         self.model.set_experts_implementation(self.experts_implementation)
         self.engine = offload(self.model, device=self.device, **self.engine_args)
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
-        self.sample_rows: dict[str, dict[int, list[dict]]] = defaultdict(dict)  # task -> doc_id -> its rows' metrics
         self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
 
     def generate_until(self, requests, disable_tqdm: bool = False):
@@ -133,8 +132,9 @@ class EngineAdapter:
 
     def _by_task(self, run, requests, disable_tqdm, per_sample: bool = False):
         """Run each task's requests as a group. `per_sample` (generating requests): name each batch row after its
-        request, so the engine's per-row metrics are kept per document (loglikelihood requests have no decode
-        tokens to score recall on, and lm-eval may answer several of them with one row)."""
+        request, and hand each response back with its row's engine metrics (GeneratedText), which lm-eval keeps
+        with the request's sample (loglikelihood requests have no decode tokens to score recall on, and lm-eval
+        may answer several of them with one row)."""
         groups = defaultdict(list)
         for position, request in enumerate(requests):
             groups[request.task_name].append(position)
@@ -147,10 +147,10 @@ class EngineAdapter:
             outputs = run(group, disable_tqdm=disable_tqdm)
             record = self.engine.take_record()
             self.records[task].merge(record)
-            for position, metrics in record.per_row():
-                self.sample_rows[task].setdefault(requests[position].doc_id, []).append(metrics)
             for p, out in zip(positions, outputs):
                 results[p] = out
+            for position, metrics in record.per_row():
+                results[position] = GeneratedText(results[position], metrics)
         return results
 
     def _note_batch(self, contexts) -> None:
@@ -179,26 +179,19 @@ class EngineAdapter:
         return {task: {**record.summary(precision_by_construction=by_construction), **describe}
                 for task, record in self.records.items()}
 
-    def sample_summaries(self) -> dict[str, dict[int, dict]]:
-        """Per task and document: its engine metrics (recall@k per layer and mean, hit rate, bytes, TPOT)."""
-        return {task: {doc: document_metrics(rows) for doc, rows in docs.items()}
-                for task, docs in self.sample_rows.items()}
-
     def fingerprint(self) -> str:
         """A hash of the model's configuration and router weights (see evalsuite.predict)."""
         return fingerprint(self.model, self.engine.layers)
 
     def get_model_info(self) -> dict:
         """lm-eval merges this into results["config"]: the engine's configuration (as asked and as run, and the
-        model's fingerprint), and the per-task and per-document engine metrics that `add_engine_metrics` moves
-        into the results."""
+        model's fingerprint), and the per-task engine summaries that `add_engine_metrics` moves into the results."""
         from .suite import engine_config  # the cache and store the engine runs with
 
         info = super().get_model_info()
         info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe(),
                                     **engine_config(self.engine), "model_fingerprint": self.fingerprint()}
         info[TASK_SUMMARIES] = self.engine_summaries()
-        info[SAMPLE_METRICS] = self.sample_summaries()
         return info
 
 
