@@ -185,6 +185,10 @@ class EngineRecord:
         if self.requests and self.requests[-1].counters is None:
             self.requests[-1].counters = (totals or self.totals()).since(self.requests[-1].counters_before)
 
+    def counters_of(self, request: RequestRecord) -> Counters:
+        """A request's own counters (the running one's: so far)."""
+        return request.counters or self.totals().since(request.counters_before)
+
     def add_recall(self, k: int, layer: int, per_row: list[float]) -> None:
         """Recall@k at a target layer of each row of the request that just ended (over its decode steps)."""
         self.recall.setdefault(k, {}).setdefault(layer, []).extend(per_row)
@@ -203,7 +207,7 @@ class EngineRecord:
         for request in self.requests:
             if request.labels is None:
                 continue
-            counters = request.counters or self.totals().since(request.counters_before)  # running: until now
+            counters = self.counters_of(request)
             shared = {"hit_rate": hit_rate(counters.hits, counters.expert_uses),
                       "bytes_transferred": counters.bytes_transferred / request.rows,
                       "tpot_ms": None if request.tpot_s is None else request.tpot_s * 1e3}
