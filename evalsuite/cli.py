@@ -37,7 +37,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-pools", default="global", help="global | per-layer")
     p.add_argument("--link", default=None, help="pcie3 | pcie4 | pcie5 | nvlink-c2c | ufs4 | ufs3 | sdcard | '8GB/s+20us'")
     p.add_argument("--store", default="host", help="host (pinned memory) | disk (mmap of the safetensors files)")
-    p.add_argument("--predictor", default=None, help="gate | quasi | adapter | estimator | oracle | frequency | hybrid")
+    p.add_argument("--predictor", default=None, help="gate | quasi | adapter | estimator | oracle | frequency | hybrid; "
+                                                     "several, comma-separated: each predicting mode runs with each")
     p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
@@ -175,7 +176,8 @@ def _eval(args) -> int:
     check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
     rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out,
-                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh, threads=args.threads)
+                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh, threads=args.threads,
+                     plan=args.plan)
     print(format_rows(rows))
     return 0
 
@@ -292,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sandbox_option(e)
     _add_engine_options(e)
     _add_run_options(e)
+    e.add_argument("--plan", default="measure", choices=("measure", "replay"),
+                   help="measure: every configuration generates through the engine; replay: one batched resident "
+                        "pass (every router-preserving predictor as a shadow) and one per speculative predictor, "
+                        "the engine metrics of each configuration replayed (docs/evaluation.md)")
     e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "

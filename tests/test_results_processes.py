@@ -82,7 +82,7 @@ CONFIG = {"model": "tiny", "mode": "resident", "limit": 2, "tasks": ["task0", "t
 
 
 def _claim_and_write(url, start, hang_after, delay, log):
-    from evalsuite.lm.suite import open_run
+    from evalsuite.lm.runs import open_run
 
     db = ResultsDB(url)
     start.wait()  # both claim at the same moment (or `delay` seconds later)

@@ -21,6 +21,7 @@ from .fetching import ExpertFetching
 from .kernel import run_experts
 from .options import MODES, check_options  # noqa: F401  (MODES: evalsuite.engine exports it)
 from .scheduler import PrefetchScheduler
+from .shadows import ShadowPredictions
 from . import placement
 from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
 from .token_kinds import TokenKinds, image_token_ids
@@ -74,6 +75,9 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     recall_k        k values for recall@k (default [top-k]).
     drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.engine.prediction.
     transfer_timeout_s  a transfer not done by then raises instead of hanging.
+    shadows         predictors scored beside the run without acting (any mode; one layer ahead):
+                    recall@k per sample and the routing per sequence, batched rows included
+                    (evalsuite.engine.shadows): `take_shadows()`.
     trace           record the routing of batch-1 decode steps (native, executed and predicted
                     experts per sparse layer; see evalsuite.engine.trace): `routing_trace()`.
     Bad options raise ValueError before the model is touched.
@@ -87,12 +91,12 @@ class Engine(ExpertFetching):
     def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
                  link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
                  predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
-                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, device=None):
+                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, shadows=(), device=None):
         check_options(mode=mode, cache_capacity=cache_capacity, cache_policy=cache_policy, cache_pools=cache_pools,
                       link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
                       horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
                       drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
-                      trace=trace, **({} if device is None else {"device": device}))
+                      trace=trace, shadows=shadows, **({} if device is None else {"device": device}))
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
         self.model, self.mode = model, mode
@@ -119,7 +123,11 @@ class Engine(ExpertFetching):
         if budget < top_k:
             raise ValueError(f"prefetch_budget={budget} is below top-k={top_k}")
         if predictor is not None:
-            self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers, drift_threshold)
+            self._check_predicting(horizon)
+            self.predictor = self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers,
+                                                   drift_threshold)
+        shadow_predictors = {name: self._build_predictor(name, predictor_path, artifact, 1, drift_layers,
+                                                         drift_threshold) for name in shadows}
         if mode != "resident":  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
         else:
@@ -133,10 +141,15 @@ class Engine(ExpertFetching):
         self.kinds, self.hit_of = (TokenKinds(ids) if ids else None), {}  # metrics by token kind
         if trace:  # its router hooks go first, so they see the native routing
             self._start_trace()
+        self.shadows = None
+        if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
+            self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget)
         if predictor is not None:
             scheduler = PrefetchScheduler(self, budget, window) if mode in PREDICTING else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
                                            preserve_layers, scheduler)
+        if self.shadows is not None:
+            self.shadows.attach_after()
         self._previous_impl = model.config._experts_implementation
         for layer in self.layers:
             layer.experts._evalsuite = (self, layer.index)
@@ -146,16 +159,18 @@ class Engine(ExpertFetching):
         model._evalsuite_engine = self
 
     # ---- construction -------------------------------------------------------------------
-    def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):
+    def _check_predicting(self, horizon):
         if self.mode == "on-demand":
             raise ValueError("mode 'on-demand' uses no predictor; choose router-preserving, speculative or hybrid")
         if self.mode in ("speculative", "hybrid") and horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
+
+    def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):
         kind = PREDICTORS[name]  # check_options knows the registered names
         if predictor_path is not None:
             artifact = kind.load(predictor_path, self.model, self.layers)
-        self.predictor = kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
-                                    self.device)
+        return kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
+                          self.device)
 
     def _build_offload(self, cache_capacity, cache_policy, cache_pools, store, checkpoint):
         total = sum(layer.num_experts for layer in self.layers)
@@ -240,6 +255,8 @@ class Engine(ExpertFetching):
             self.record.start_request(time.perf_counter(), _rows(args, kwargs))
         if self.tracer is not None:
             self.tracer.forward_started(self.decoding, _rows(args, kwargs))
+        if self.shadows is not None:
+            self.shadows.forward_started(self.decoding, _rows(args, kwargs), kwargs.get("attention_mask"))
         if self.kinds is not None:
             self.kinds.forward_started(kwargs.get("input_ids", args[0] if args else None), kwargs.get("attention_mask"))
         if self.predictor is not None and self.predictor.name == "oracle":
@@ -304,6 +321,13 @@ class Engine(ExpertFetching):
         record, self.record = self.record, self._fresh_record()
         return record
 
+    def take_shadows(self):
+        """The shadow predictors' record since the last take (offload(..., shadows=...)): recall
+        (predictor -> k -> layer -> per sample) and one SequenceRouting per sequence."""
+        if self.shadows is None:
+            raise ValueError("this engine scores no shadow predictors: offload(..., shadows=('gate', ...))")
+        return self.shadows.take()
+
     def _fresh_record(self) -> EngineRecord:
         return EngineRecord(counters={layer.index: Counters() for layer in self.layers})
 
@@ -315,6 +339,8 @@ class Engine(ExpertFetching):
     def reset_stats(self) -> None:
         if self.driver is not None:
             self.driver.current = {}
+        if self.shadows is not None:
+            self.shadows.take()
         self.record = self._fresh_record()
 
     def close(self) -> None:
@@ -338,6 +364,8 @@ class Engine(ExpertFetching):
             hook.remove()
         if self.driver is not None:
             self.driver.close()
+        if self.shadows is not None:
+            self.shadows.close()
         for layer in self.layers:
             del layer.experts._evalsuite
         self.model.set_experts_implementation(self._previous_impl)

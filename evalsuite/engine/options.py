@@ -17,6 +17,8 @@ from .transfer import parse_link
 MODES = ("resident", "on-demand", "router-preserving", "speculative", "hybrid")
 STORES = ("host", "disk")
 POOLS = ("global", "per-layer")
+# the oracles read the routing of the pass they predict (a look-ahead pass, a recorded run): nothing to shadow
+NOT_SHADOWS = ("oracle", "trace-oracle")
 
 
 def _is_number(value) -> bool:
@@ -43,6 +45,8 @@ RULES = {
     "cache_policy": _one_of(POLICIES),
     "predictor": (lambda v: v is None or v in PREDICTORS,  # the registry is filled when evalsuite.predict loads
                   lambda: f"is not one of: {', '.join(PREDICTORS)}"),
+    "shadows": (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS for n in v),
+                lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS if n not in NOT_SHADOWS)),
     "transfer_timeout_s": (lambda v: _is_number(v) and v > 0,
                            "must be a number of seconds above 0, e.g. transfer_timeout_s=60"),
     "horizon": (lambda v: _is_whole(v, 1), "must be a whole number of at least 1 (sparse layers ahead)"),

@@ -31,25 +31,51 @@ def split_names(text: str, flag: str) -> list[str]:
     return names
 
 
+def predictor_names(predictor) -> list[str]:
+    """--predictor 'gate,quasi' (or a list) -> ['gate', 'quasi']; none given -> []."""
+    if predictor is None:
+        return []
+    names = predictor.split(",") if isinstance(predictor, str) else list(predictor)
+    return [name.strip() for name in names if name.strip()]
+
+
+def predictors_for(mode: str, predictor) -> list[str | None]:
+    """The predictors `mode` runs, one run each: those given that fit the mode (hybrid runs the hybrid
+    predictor, the others every other one given), else the mode's own; [None] where the mode predicts nothing."""
+    if mode not in PREDICTING:
+        return [None]
+    names = predictor_names(predictor)
+    if not names:
+        return [DEFAULT_PREDICTOR[mode]]
+    return ["hybrid"] if mode == "hybrid" else [name for name in names if name != "hybrid"]
+
+
 def predictor_for(mode: str, predictor: str | None) -> str | None:
     """The predictor `mode` runs: the one given where the mode predicts, else the mode's own."""
     return (predictor or DEFAULT_PREDICTOR[mode]) if mode in PREDICTING else None
 
 
-def check_predictor(modes, predictor: str | None) -> None:
-    """A predictor given explicitly must fit every predicting mode it is run with, and some mode must use it."""
-    if predictor is None:
+def check_predictor(modes, predictor) -> None:
+    """Every predictor given exists and fits a predicting mode it is run with; every predicting mode gets one."""
+    names = predictor_names(predictor)
+    if not names:
         return
+    for name in names:
+        check_options(predictor=name)
+    given = ",".join(names)
     predicting = [mode for mode in modes if mode in PREDICTING]
     if not predicting:
-        raise ValueError(f"--predictor {predictor}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
+        raise ValueError(f"--predictor {given}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
                          "out, or add router-preserving, speculative or hybrid to --modes")
-    if "hybrid" in predicting and predictor != "hybrid":
-        raise ValueError(f"mode hybrid runs the hybrid predictor, not {predictor}: leave --predictor out (each mode "
+    others = [name for name in names if name != "hybrid"]
+    if "hybrid" in predicting and "hybrid" not in names:
+        raise ValueError(f"mode hybrid runs the hybrid predictor, not {given}: leave --predictor out (each mode "
                          "then runs its own) or run hybrid separately")
-    if predictor == "hybrid" and predicting != ["hybrid"]:
+    if not others and set(predicting) - {"hybrid"}:
         raise ValueError(f"the hybrid predictor belongs to mode hybrid, not {', '.join(set(predicting) - {'hybrid'})}: "
                          "leave --predictor out, and each mode runs its own")
+    if others and predicting == ["hybrid"]:
+        raise ValueError(f"mode hybrid runs the hybrid predictor, not {','.join(others)}: leave --predictor out")
 
 
 def parse_gen_kwargs(text: str | dict | None) -> dict | None:
@@ -104,7 +130,7 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
         raise ValueError("no mode to run: pass --modes resident,on-demand,...")
     for mode in modes:
         check_options(mode=mode)
-    check_options(cache_capacity=cache_capacity, link=link, predictor=predictor,
+    check_options(cache_capacity=cache_capacity, link=link,
                   **{k: v for k, v in dict(cache_policy=cache_policy, cache_pools=cache_pools, store=store).items()
                      if v is not None})
     check_predictor(modes, predictor)

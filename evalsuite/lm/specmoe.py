@@ -19,7 +19,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils_hf import get_dtype
+from lm_eval.models.utils_hf import get_dtype, stop_sequences_criteria
 
 from ..engine import offload
 from ..engine.loading import load_skeleton
@@ -32,9 +32,10 @@ from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
-               "recall_k", "drift_layers", "preserve_layers")
-# model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8
+               "recall_k", "drift_layers", "preserve_layers", "shadows")
+# model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8, shadows=gate;quasi
 LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
+NAME_LISTS = ("shadows",)
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
 # what lm-eval hands its loader that does not change the weights; any other loading option (peft, delta,
 # parallelize, quantization, gguf_file, from_pretrained keywords) acts on from_pretrained, which a model built
@@ -119,7 +120,30 @@ class EngineAdapter:
         self.model.set_experts_implementation(self.experts_implementation)
         self.engine = offload(self.model, device=self.device, **self.engine_args)
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
+        self.shadow_records: dict[str, ShadowRecord] = defaultdict(ShadowRecord)  # with shadows=...
         self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        """lm-eval's generation; with shadow predictors, each row's steps are cut where its batch-1
+        generation would have stopped (lm-eval stops a batch only once every row met its stop sequence)."""
+        out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        self._name_batch_rows()
+        self._cut_rows(out[:, context.shape[1]:], stop)
+        return out
+
+    def _model_multimodal_generate(self, inputs, max_length, stop, **generation_kwargs):
+        out = super()._model_multimodal_generate(inputs, max_length, stop, **generation_kwargs)
+        self._name_batch_rows()
+        self._cut_rows(out[:, inputs["input_ids"].shape[1]:], stop)
+        return out
+
+    def _cut_rows(self, generated: torch.Tensor, stop: list[str]) -> None:
+        if self.engine.shadows is None:
+            return
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        tokenizer = getattr(self, "tokenizer", None) or self.processor.tokenizer
+        self.engine.shadows.end_request([batch_one_length(tokenizer, row, stop, eos) - 1 for row in generated.tolist()])
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         return self._by_task(super().generate_until, requests, disable_tqdm, per_sample=True)
@@ -147,6 +171,8 @@ class EngineAdapter:
             outputs = run(group, disable_tqdm=disable_tqdm)
             record = self.engine.take_record()
             self.records[task].merge(record)
+            if self.engine.shadows is not None:
+                self.shadow_records[task].merge(*self.engine.take_shadows())
             for p, out in zip(positions, outputs):
                 results[p] = out
             for position, metrics in record.per_row():
@@ -167,11 +193,6 @@ class EngineAdapter:
         self._note_batch(strings)
         return super().tok_batch_encode(strings, *args, **kwargs)
 
-    def _model_generate(self, *args, **kwargs):
-        out = super()._model_generate(*args, **kwargs)
-        self._name_batch_rows()
-        return out
-
     def engine_summaries(self) -> dict[str, dict]:
         """Per task: the engine's summary (see evalsuite.engine.metrics) and configuration."""
         describe = self.engine.describe()
@@ -186,7 +207,7 @@ class EngineAdapter:
     def get_model_info(self) -> dict:
         """lm-eval merges this into results["config"]: the engine's configuration (as asked and as run, and the
         model's fingerprint), and the per-task engine summaries that `add_engine_metrics` moves into the results."""
-        from .suite import engine_config  # the cache and store the engine runs with
+        from .runs import engine_config  # the cache and store the engine runs with
 
         info = super().get_model_info()
         info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe(),
@@ -195,12 +216,39 @@ class EngineAdapter:
         return info
 
 
+def batch_one_length(tokenizer, generated: list[int], stop: list[str], eos: set[int]) -> int:
+    """How many of a batched row's generated tokens its batch-1 generation makes: up to the first
+    end-of-sequence token or stop sequence, checked after each token by lm-eval's own criterion."""
+    criteria = stop_sequences_criteria(tokenizer, stop, 0, 1)
+    for n in range(1, len(generated) + 1):
+        if generated[n - 1] in eos or any(c(torch.tensor([generated[:n]]), None) for c in criteria):
+            return n
+    return len(generated)
+
+
+class ShadowRecord:
+    """A task's shadow predictors: recall (predictor -> k -> layer -> per sample) and its sequences."""
+
+    def __init__(self):
+        self.recall: dict = {}
+        self.sequences: list = []
+
+    def merge(self, recall: dict, sequences: list) -> "ShadowRecord":
+        for name, ks in recall.items():
+            for k, layers in ks.items():
+                for layer, samples in layers.items():
+                    self.recall.setdefault(name, {}).setdefault(k, {}).setdefault(layer, []).extend(samples)
+        self.sequences += sequences
+        return self
+
+
 def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
     engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
     try:
         engine_args.update({k: parse_list(k, engine_args[k]) for k in LIST_ARGS if k in engine_args})
     except ValueError as exc:
         raise ValueError(f"specmoe: {exc}") from None
+    engine_args.update({k: [n for n in str(engine_args[k]).split(";") if n] for k in NAME_LISTS if k in engine_args})
     # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
     engine_args.update(mode=mode, cache_capacity=cache_capacity)
     check_engine_args(engine_args)
@@ -239,8 +287,3 @@ class SpecMoEVLM(EngineAdapter, HFMultimodalLM):
     def tok_batch_multimodal_encode(self, strings, *args, **kwargs):
         self._note_batch(strings)
         return super().tok_batch_multimodal_encode(strings, *args, **kwargs)
-
-    def _model_multimodal_generate(self, *args, **kwargs):
-        out = super()._model_multimodal_generate(*args, **kwargs)
-        self._name_batch_rows()
-        return out

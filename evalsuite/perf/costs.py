@@ -203,3 +203,18 @@ def engine_overhead(model, ids, tokens: int, repeats: int, kernel: str = "groupe
         model.set_experts_implementation(own_impl)
     p, e = statistics.median(plain), statistics.median(engine)
     return {"kernel": kernel, "unmodified_tokens_per_s": p, "engine_tokens_per_s": e, "ratio": e / p}
+
+
+def copy_seconds(nbytes: int, device: str, repeats: int = 20) -> float:
+    """Median time of one real (not emulated) copy of `nbytes` from host memory to `device`: what a
+    transfer takes when no link is emulated."""
+    src = torch.empty(max(1, nbytes // 4), dtype=torch.float32, pin_memory=torch.device(device).type == "cuda")
+    dst = torch.empty_like(src, device=device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if dst.device.type == "cuda":
+            torch.cuda.synchronize(dst.device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

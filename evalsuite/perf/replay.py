@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from ..engine.cache import ExpertCache
+from ..engine.metrics import Counters, summarise
 from ..engine.scheduler import PrefetchScheduler
 from .link import SerialLink
 
@@ -54,11 +55,17 @@ class _LinkView:
 
 
 class Replay:
-    def __init__(self, trace, costs, capacity: int, mode: str, budget: int, window: bool, policy: str):
+    """One replay. Its counters are the engine's (evalsuite.engine.metrics.Counters): `decode` over decode
+    steps, `prefill` over the requests' prefills, which run layer by layer like decode steps (their
+    experts in order, and where the trace holds them in meta["prefill_predicted"], their predictions'
+    prefetches) outside the timed decode. `tpots`: per request, its decode seconds per step."""
+
+    def __init__(self, trace, costs, capacity: int, mode: str, budget: int, window: bool, policy: str,
+                 per_layer: bool = False):
         self.trace, self.costs, self.mode = trace, costs, mode
         self.predicting = mode in ("router-preserving", "speculative", "hybrid", "oracle")
         self.layers = [SimpleNamespace(index=layer) for layer in trace.layers]
-        self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy)
+        self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy, per_layer)
         self.link = SerialLink(costs.transfer_s, costs.chunk_s)
         self.transfers = _LinkView(self)
         self.layout = SimpleNamespace(nbytes=costs.transfer_s)
@@ -67,46 +74,60 @@ class Replay:
         self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
         self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
         self.compute = self.waited = self.predict = 0.0
-        self.uses = self.hits = self.copies = self.cancelled = 0
+        self.decode, self.prefill = Counters(), Counters()
+        self.counters = self.decode  # the ones being counted into
+        self.tpots: list[float] = []
+        self.prefilling = False
         self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
         self._layer_uses: dict = {}  # layer -> (uses, misses), for miss_rate
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
 
-    # ---- one decode step -------------------------------------------------------------------
+    # ---- requests: a prefill, then decode steps ---------------------------------------------
     def run(self) -> None:
-        prefills = dict(self.trace.prefills)
-        steps = self.trace.steps
-        for index, step in enumerate(steps):
-            if index == 0 or index in prefills:  # a new request: its prefill starts clean
-                self._new_request(prefills.get(index))
-            self._spend(self.costs.predictor_step_s if self.predicting else 0.0, "predict")
-            following = steps[index + 1] if index + 1 < len(steps) and index + 1 not in prefills else None
-            for pos, routing in enumerate(step):
-                self._layer(pos, routing, step, following)
-            self._spend(self.costs.step_s)
+        steps, prefills = self.trace.steps, list(self.trace.prefills)
+        if not prefills or prefills[0][0] > 0:  # steps recorded before any prefill (a trace without them)
+            prefills.insert(0, (0, None))
+        predicted = self.trace.meta.get("prefill_predicted") or []
+        predicted = [None] * (len(prefills) - len(predicted)) + list(predicted)  # aligned with the prefills
+        ends = [start for start, _ in prefills[1:]] + [len(steps)]
+        for (start, prefill), ranked, end in zip(prefills, predicted, ends):
+            self._new_request(prefill, ranked)
+            begun = self.t
+            for index in range(start, end):
+                self._step(steps[index], steps[index + 1] if index + 1 < end else None)
+            if end > start:
+                self.tpots.append((self.t - begun) / (end - start))
 
-    def _new_request(self, prefill) -> None:
+    def _step(self, step, following) -> None:
+        self._spend(self.costs.predictor_step_s if self.predicting else 0.0, "predict")
+        for pos, routing in enumerate(step):
+            self._layer(pos, routing, step, following)
+        self._spend(self.costs.step_s)
+
+    def _new_request(self, prefill, predicted) -> None:
+        """A new request: prediction starts clean; its prefill runs outside the timed decode, and the
+        link finishes what the prefill started before the first decode step."""
         self.pending, self.deferred = {}, None
         if self.scheduler is not None:
             self.scheduler.new_request()
-        if prefill is None or self.mode == "resident":
+        if prefill is None:
             return
-        drained = max([self.t] + [self.link.finish(c) for c in list(self.cache.transfers.values())
-                                  if not c.done.is_set() and not c.cancelled])
-        self.excluded += drained - self.t  # the link finished its copies during the prefill
-        self.t = drained
+        begun = self.t
+        self.prefilling, self.counters = True, self.prefill
+        for pos, (layer, experts) in enumerate(zip(self.trace.layers, prefill)):
+            self._spend(self.costs.dense_s)
+            if self.scheduler is not None:
+                self._settle_prefetches(layer, set(experts))
+            following = predicted[pos + 1] if predicted and pos + 1 < len(prefill) else None
+            if self.predicting and following:  # the prompt's prediction for the next layer (shadow traces)
+                self.deferred = (pos + 1, list(following[: self.budget]))
+            self._weights_in_order(layer, sorted(experts))
+        self.prefilling, self.counters = False, self.decode
+        self.t = max([self.t] + [self.link.finish(c) for c in list(self.cache.transfers.values())
+                                 if not c.done.is_set() and not c.cancelled])
         self.link.advance(self.t)
-        for layer, experts in zip(self.trace.layers, prefill):  # what the prefill leaves in the cache
-            self._warm(layer, experts)
-
-    def _warm(self, layer: int, experts) -> None:
-        keys = [(layer, e) for e in experts]
-        for key in keys:
-            if not self.cache.resident(key):
-                self.cache.place(key, protect=set(keys))
-            self.cache.pin(key)
-            self.cache.unpin(key)
+        self.excluded += self.t - begun
 
     def _layer(self, pos: int, routing, step, following) -> None:
         layer = self.trace.layers[pos]
@@ -140,13 +161,13 @@ class Replay:
         self.deferred = (target, self.pending[target])
 
     def _speculates(self, pos: int) -> bool:
-        return speculates(self.mode, pos)
+        return not self.prefilling and speculates(self.mode, pos)  # a prefill routes natively
 
     # ---- Engine.weights_in_order -------------------------------------------------------------
     def _weights_in_order(self, layer: int, needed: list[int]) -> None:
-        self.uses += len(needed)
+        self.counters.expert_uses += len(needed)
         if self.mode == "resident":
-            self.hits += len(needed)
+            self.counters.hits += len(needed)
             self._spend(len(needed) * self.costs.expert_s)
             return
         if self.cache.policy == "predicted":
@@ -182,11 +203,14 @@ class Replay:
         uses, misses = self._layer_uses.get(key[0], (0, 0))  # a prefetched expert's use would have missed
         self._layer_uses[key[0]] = (uses + 1, misses + (not self.cache.resident(key) or key in self.prefetched))
         if self.cache.resident(key):
-            self.hits += 1
-            self.prefetched.discard(key)
+            self.counters.hits += 1
+            if key in self.prefetched:
+                self.prefetched.discard(key)
+                self.counters.prefetch_used += 1
         else:
+            self.counters.misses += 1
             _, evicted = self.cache.place(key, protect)
-            self.prefetched.discard(evicted)
+            self._evicted(evicted)
             self._submit(key, prefetch=False)
         self.cache.pin(key)
 
@@ -202,6 +226,7 @@ class Replay:
             return
         ready = self.link.finish(copy) + self.costs.handoff_s
         self.waited += ready - self.t
+        self.counters.stall_s += ready - self.t
         self.t = ready
 
     # ---- prefetching: Engine.prefetch, settle_prefetches, PredictionDriver.release_prefetch -------
@@ -223,9 +248,10 @@ class Replay:
             if self.cache.resident(key) or not self.cache.can_place(layer, exclude=keep, prefetch=True):
                 continue
             _, evicted = self.cache.place(key, exclude=keep, prefetch=True)
-            self.prefetched.discard(evicted)
+            self._evicted(evicted)
             self._submit(key, prefetch=not demand)
             self.prefetched.add(key)
+            self.counters.prefetches += 1
             started += 1
         return started
 
@@ -238,13 +264,19 @@ class Replay:
             if key[1] in confirmed:
                 self.link.promote(copy, self.t)
             elif not self.cache.pins.get(key) and self.link.cancel(copy, self.t):
-                self.cache.withdraw(key, copy.untouched)
+                if self.cache.withdraw(key, copy.untouched) is not None:
+                    self.counters.victims_restored += 1
                 self.prefetched.discard(key)
-                self.cancelled += 1
+                self.counters.prefetch_cancelled += 1
+
+    def _evicted(self, key) -> None:
+        if key in self.prefetched:  # a prefetch that was never used
+            self.prefetched.discard(key)
+            self.counters.prefetch_wasted += 1
 
     def _submit(self, key, prefetch: bool) -> None:
         self.cache.transfers[key] = self.link.submit(key, self.t, prefetch)
-        self.copies += 1
+        self.counters.bytes_transferred += self.trace.meta.get("expert_bytes", 0)
         self._spend(self.costs.miss_s)
 
     def _spend(self, seconds: float, kind: str = "compute") -> None:
@@ -253,3 +285,19 @@ class Replay:
             self.predict += seconds
         else:
             self.compute += seconds
+
+
+def replayed_stats(trace, costs, capacity: int, mode: str, policy: str = "lru", per_layer: bool = False,
+                   budget: int | None = None, window: bool = True) -> dict:
+    """The engine's stats for `mode` over the trace's requests, replayed (see Replay): the counters over
+    prefills and decode steps together as the engine counts them (evalsuite.engine.metrics), decode
+    stall per token, and TPOT per sequence in simulated time from `costs`."""
+    budget = budget or trace.meta.get("budget") or trace.top_k
+    replay = Replay(trace, costs, capacity, mode, budget, window, policy, per_layer)
+    replay.run()
+    total = Counters().add(replay.prefill).add(replay.decode)
+    tokens = len(trace.steps) + len(trace.prefills)
+    return {**total.as_dict(), "sequences": len(trace.prefills), "tokens": tokens,
+            "bytes_per_token": total.bytes_transferred / tokens if tokens else None,
+            "stall_ms_per_token": replay.decode.stall_s * 1e3 / max(len(trace.steps), 1),
+            "tpot_ms": summarise(replay.tpots), "replayed": True}

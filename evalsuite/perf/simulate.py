@@ -86,8 +86,9 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
     replay.run()
     n = max(len(trace.steps), 1)
     return Projection(mode, (replay.t - replay.excluded) / n, replay.compute / n, replay.waited / n,
-                      replay.predict / n, replay.hits / replay.uses if replay.uses else math.nan,
-                      replay.copies / n, replay.cancelled / n)
+                      replay.predict / n, replay.decode.hits / replay.decode.expert_uses
+                      if replay.decode.expert_uses else math.nan,
+                      (replay.decode.misses + replay.decode.prefetches) / n, replay.decode.prefetch_cancelled / n)
 
 
 def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int, policy: str = "lru") -> float:

@@ -1,0 +1,246 @@
+"""Shadow predictors: every requested predictor scored beside one generation, batched.
+
+`offload(model, mode="resident", shadows=("gate", "quasi", ...))` runs each predictor at every
+sparse layer as the prediction driver would (one layer ahead; at a decode token's last sparse
+layer, for the next token's first one) without acting on it. Per sequence (a row of a batched
+request) it keeps what a batch-1 run of that sequence would see:
+
+prefill   the experts each sparse layer ran for the row's own tokens (padding left out), and each
+          predictor's ranked candidates for the next sparse layer (its confidence summed over
+          those tokens, as `scheduler.ranked` ranks a prompt)
+decode    per step and sparse layer the native routing (the router's top-k, before any
+          speculation), the experts executed (after it), and each predictor's scores
+
+A batched row goes on after its batch-1 generation would have stopped (lm-eval stops a batch
+only when every row has met its stop sequence): `end_request(steps)` says how many decode steps
+each row's batch-1 generation made, and only those count. From that record come recall@k per
+sample and layer (the definition of evalsuite.engine.metrics, averaged as PredictionDriver
+does) and one `RoutingTrace` per predictor, which evalsuite.perf.replay replays through the
+engine's cache and scheduler for any cache, policy and link.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .metrics import token_recall
+from .prediction import LayerState
+from .trace import LayerRouting, RoutingTrace
+
+
+@dataclass
+class SequenceRouting:
+    """One sequence's routing and predictions, as its batch-1 run would have met them."""
+
+    prefill: list[list[int]]  # per sparse layer: the experts the prefill ran
+    prefill_predicted: dict[str, list[list[int] | None]]  # predictor -> per sparse layer: ranked candidates
+    native: list[list[list[int]]] = field(default_factory=list)  # per decode step, per sparse layer
+    executed: list[list[list[int]]] = field(default_factory=list)
+    predicted: dict[str, list[list[list[int] | None]]] = field(default_factory=dict)  # predictor -> step -> layer
+
+
+class ShadowPredictions:
+    """Router hooks that score `predictors` (name -> Predictor) beside the model; see the module doc."""
+
+    def __init__(self, engine, predictors: dict, recall_ks, budget: int):
+        self.engine, self.predictors, self.recall_ks, self.budget = engine, predictors, tuple(recall_ks), budget
+        self.depth = max(budget, *self.recall_ks)  # candidates kept per prediction
+        self.recall: dict[str, dict[int, dict[int, list[float]]]] = {n: {} for n in predictors}  # name -> k -> layer
+        self.sequences: list[SequenceRouting] = []
+        self.residual: dict[int, torch.Tensor] = {}
+        self._request = None
+        self.native_hooks, self.after_hooks = [], []
+        reads_residual = any("residual" in p.reads for p in predictors.values())
+        for pos, layer in enumerate(engine.layers):
+            if reads_residual:
+                self.native_hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
+            self.native_hooks.append(layer.router.register_forward_hook(self._native_hook(pos)))
+
+    def attach_after(self) -> None:
+        """Hooks that see what a layer executes: registered after the prediction driver's."""
+        for pos, layer in enumerate(self.engine.layers):
+            self.after_hooks.append(layer.router.register_forward_hook(self._after_hook(pos)))
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def _residual_hook(self, pos):
+        def hook(module, args):
+            self.residual[pos] = args[0].reshape(-1, args[0].shape[-1])
+        return hook
+
+    def _native_hook(self, pos):
+        def hook(module, args, output):
+            if not self.engine.shadow:
+                self._native(pos, output[2])
+        return hook
+
+    def _after_hook(self, pos):
+        def hook(module, args, output):
+            if not self.engine.shadow:
+                self._predict(pos, args[0].reshape(-1, args[0].shape[-1]), output)
+        return hook
+
+    def forward_started(self, decoding: bool, rows: int, attention_mask) -> None:
+        if not decoding:
+            self.end_request()
+            self._request = _Request(rows, attention_mask, len(self.engine.layers), list(self.predictors))
+        elif self._request is not None:
+            self._request.steps.append(_Step(len(self.engine.layers), list(self.predictors)))
+        for predictor in self.predictors.values():
+            predictor.on_token(decoding)
+
+    def _native(self, pos: int, ids: torch.Tensor) -> None:
+        request = self._request
+        if request is None:
+            return
+        if request.steps:
+            step = request.steps[-1]
+            step.native[pos] = ids.detach().clone()
+            for name, scores in request.pending.items():
+                step.scores[name][pos] = scores.pop(pos, None)
+        else:
+            request.prefill[pos] = request.per_row(ids, self.engine.layers[pos].num_experts)
+
+    def _predict(self, pos: int, x: torch.Tensor, output) -> None:
+        request = self._request
+        if request is None:
+            return
+        _, weights, ids = output
+        decoding = bool(request.steps)
+        if decoding:
+            request.steps[-1].executed[pos] = ids.detach().clone()
+        last = pos == len(self.engine.layers) - 1
+        if last and not decoding:
+            return  # a prefill predicts no next token (as the driver)
+        state = LayerState(pos, x, self.residual.get(pos), ids, weights)
+        with torch.no_grad():
+            for name, predictor in self.predictors.items():
+                scores = predictor.next_token_scores(x) if last else predictor.scores(state, 1)
+                if scores is None:
+                    continue
+                if decoding:
+                    request.pending[name][0 if last else pos + 1] = scores.detach()
+                else:
+                    request.prefill_ranked[name][pos + 1] = request.ranked_per_row(scores, self.budget)
+
+    # ---- a request's end ------------------------------------------------------------------------
+    def end_request(self, steps: list[int] | None = None) -> None:
+        """Close the running request; `steps[r]`: decode steps row r's batch-1 generation made (default: all)."""
+        request, self._request = self._request, None
+        if request is None or any(p is None for p in request.prefill):
+            return
+        steps = steps if steps is not None else [len(request.steps)] * request.rows
+        kept = [s for s in request.steps if all(n is not None for n in s.native)]
+        self._score_recall(request, kept, steps)
+        self._keep_routing(request, kept, steps)
+
+    def _score_recall(self, request, kept, steps) -> None:
+        for name in self.predictors:
+            for pos, layer in enumerate(self.engine.layers):
+                made = [(i, s.scores[name][pos], s.native[pos]) for i, s in enumerate(kept)
+                        if s.scores[name][pos] is not None]
+                if not made:
+                    continue
+                index = torch.tensor([i for i, _, _ in made])
+                counted = index[:, None] < torch.tensor(steps)[None, :]  # [steps, rows]: within the row's run
+                predicted = torch.stack([p for _, p, _ in made])
+                native = torch.stack([n.to(predicted.device) for _, _, n in made])
+                for k in self.recall_ks:
+                    per_token = token_recall(predicted.flatten(0, 1), native.flatten(0, 1), k)
+                    per_token = per_token.view(counted.shape).cpu()
+                    n = counted.sum(dim=0)
+                    mean = (per_token * counted).sum(dim=0) / n.clamp(min=1)
+                    layers = self.recall[name].setdefault(k, {}).setdefault(layer.index, [])
+                    layers.extend(mean[r].item() for r in range(request.rows) if n[r] > 0)
+
+    def _keep_routing(self, request, kept, steps) -> None:
+        prefill = [p.tolist() for p in request.prefill]  # per layer: rows x experts used (bool)
+        ranked = {name: [None if r is None else r.tolist() for r in per_layer]
+                  for name, per_layer in request.prefill_ranked.items()}
+        native = [[n.tolist() for n in s.native] for s in kept]
+        executed = [[e.tolist() if e is not None else None for e in s.executed] for s in kept]
+        depth = {name: [[None if sc is None else sc.topk(min(self.depth, sc.shape[1]), dim=-1).indices.tolist()
+                         for sc in s.scores[name]] for s in kept] for name in self.predictors}
+        for row in range(request.rows):
+            n = min(steps[row], len(kept))
+            sequence = SequenceRouting(
+                [[e for e, used in enumerate(layer[row]) if used] for layer in prefill],
+                {name: [None if layer is None else layer[row] for layer in per_layer] for name, per_layer in ranked.items()})
+            sequence.native = [[layer[row] for layer in step] for step in native[:n]]
+            sequence.executed = [[None if layer is None else layer[row] for layer in step] for step in executed[:n]]
+            sequence.predicted = {name: [[None if layer is None else layer[row] for layer in step] for step in d[:n]]
+                                  for name, d in depth.items()}
+            self.sequences.append(sequence)
+
+    def take(self) -> tuple[dict, list[SequenceRouting]]:
+        """What was recorded since the last take: recall (name -> k -> layer -> per sample) and the sequences."""
+        self.end_request()
+        taken = (self.recall, self.sequences)
+        self.recall, self.sequences = {n: {} for n in self.predictors}, []
+        return taken
+
+    def close(self) -> None:
+        for hook in self.native_hooks + self.after_hooks:
+            hook.remove()
+
+
+class _Step:
+    def __init__(self, layers: int, names):
+        self.native: list = [None] * layers
+        self.executed: list = [None] * layers
+        self.scores = {name: [None] * layers for name in names}
+
+
+class _Request:
+    def __init__(self, rows: int, attention_mask, layers: int, names):
+        self.rows, self.mask = rows, attention_mask
+        self.prefill: list = [None] * layers  # per layer: [rows, experts] bool, used by the row's own tokens
+        self.prefill_ranked = {name: [None] * layers for name in names}
+        self.pending = {name: {} for name in names}  # predictor -> target position -> scores
+        self.steps: list[_Step] = []
+
+    def _tokens(self, t: torch.Tensor) -> torch.Tensor:
+        """[rows * T, ...] -> [rows, T, ...]"""
+        return t.reshape(self.rows, -1, *t.shape[1:])
+
+    def _real(self, like: torch.Tensor) -> torch.Tensor:
+        """[rows, T] 1 where a token is the row's own (not padding)."""
+        if self.mask is None:
+            return torch.ones(like.shape[:2], dtype=torch.bool, device=like.device)
+        return self.mask[:, -like.shape[1]:].to(like.device).bool()
+
+    def per_row(self, ids: torch.Tensor, experts: int) -> torch.Tensor:
+        """The experts each row's own tokens chose: [rows, experts] bool."""
+        tokens = self._tokens(ids)  # [rows, T, K]
+        real = self._real(tokens)
+        used = torch.zeros(self.rows, experts, dtype=torch.bool, device=ids.device)
+        rows = torch.arange(self.rows, device=ids.device)[:, None, None].expand_as(tokens)
+        used[rows[real], tokens[real]] = True
+        return used
+
+    def ranked_per_row(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        """Per row, the candidates `scheduler.ranked` gives a batch-1 prefill of that row: [rows, budget]."""
+        tokens = self._tokens(scores).float()  # [rows, T, E]
+        real = self._real(tokens)
+        confidence = (torch.softmax(tokens, dim=-1) * real[..., None]).sum(dim=1)
+        one = real.sum(dim=1) == 1  # a single token is ranked by its scores (the same order)
+        return confidence.topk(min(budget, confidence.shape[1]), dim=-1).indices.where(
+            ~one[:, None], tokens.max(dim=1).values.topk(min(budget, tokens.shape[2]), dim=-1).indices)
+
+
+def routing_trace(sequences: list[SequenceRouting], predictor: str | None, layers: list[int], experts: int,
+                  top_k: int, meta: dict) -> RoutingTrace:
+    """The sequences as one batch-1 RoutingTrace, with `predictor`'s candidates as the predictions
+    (None: no predictions), the prefill's candidates in `meta["prefill_predicted"]`."""
+    trace = RoutingTrace(list(layers), experts, top_k, meta={**meta, "predictor": predictor})
+    prefill_predicted = []
+    for sequence in sequences:
+        trace.prefills.append((len(trace.steps), sequence.prefill))
+        prefill_predicted.append(sequence.prefill_predicted.get(predictor) if predictor else None)
+        predicted = sequence.predicted.get(predictor) if predictor else None
+        for i, native in enumerate(sequence.native):
+            trace.steps.append([LayerRouting(sorted(n), sequence.executed[i][pos] and sorted(sequence.executed[i][pos]),
+                                             predicted[i][pos] if predicted else None)
+                                for pos, n in enumerate(native)])
+    trace.meta["prefill_predicted"] = prefill_predicted
+    return trace

@@ -1,0 +1,262 @@
+"""`evalsuite eval --plan replay`: a grid of modes and predictors from the fewest generations.
+
+Exact modes (on-demand, and router-preserving with any predictor) generate resident's tokens by
+construction (the exactness tests and `make gate` check it on measured runs), so their accuracy and
+samples are the resident pass's; a speculative decision is per token, so speculative and hybrid
+accuracy does not depend on the batch or the cache either. The plan therefore generates, batched:
+
+  one resident pass     every predictor of the router-preserving runs scored beside it as a shadow
+                        (evalsuite.engine.shadows): recall@k per sample and layer, and the routing
+  one pass per speculative (or hybrid) predictor, every expert resident, its predictor as a shadow
+
+and gives every requested run its engine metrics (hit rate, prefetch precision, bytes, stall, TPOT)
+by replaying the recorded routing through the engine's own cache and scheduler
+(evalsuite.perf.replay) at batch 1, with this machine's measured compute costs and the link's
+transfer time. Each run is stored as its own mode with `engine_metrics: replayed` (and the pass that
+generated it) in its configuration; `--plan measure` runs every configuration through the engine.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from .. import timing
+from ..engine.cache import capacity_in_experts
+from ..engine.metrics import recall_summary, summarise
+from ..engine.offload import PREDICTING
+from ..engine.prediction import SPECULATIVE
+from ..engine.shadows import routing_trace
+from ..engine.transfer import parse_link
+from ..predict import Artifact
+from ..results.lm_eval_rows import stored_results
+from ..results.store import error_line
+from .preflight import predictors_for
+from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
+from .runs import check_generation_lengths, divergence, evaluate_task, finish, generation_lengths, open_run, \
+    save_json, table_rows
+
+COST_TOKENS, COST_REPEATS = 16, 3  # the cost measurement's generation
+
+
+@dataclass
+class Pass:
+    """One generation of the plan and the runs it gives: (mode, predictor) pairs."""
+
+    mode: str  # resident, speculative or hybrid
+    predictor: str | None  # what a speculative pass executes
+    shadows: list[str]
+    serves: list[tuple[str, str | None]]
+
+    @property
+    def label(self) -> str:
+        return self.mode + (f"/{self.predictor}" if self.predictor else "")
+
+
+def plan_passes(modes, predictor) -> list[Pass]:
+    """The fewest generations that give every (mode, predictor) run the request asks for."""
+    exact = [(mode, chosen) for mode in modes if mode not in SPECULATIVE for chosen in predictors_for(mode, predictor)]
+    passes = []
+    if exact:
+        shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
+        passes.append(Pass("resident", None, shadows, exact))
+    for mode in modes:
+        if mode in SPECULATIVE:
+            passes += [Pass(mode, chosen, [chosen], [(mode, chosen)]) for chosen in predictors_for(mode, predictor)]
+    return passes
+
+
+def describe(passes: list[Pass], target, request) -> str:
+    runs = sum(len(p.serves) for p in passes)
+    lines = [f"[evalsuite] plan for {target.name}: {len(passes)} generation(s) at batch {request.batch_size} over "
+             f"{len(target.tasks)} task(s) (limit {request.limit}); {runs} run(s), engine metrics replayed"]
+    for i, p in enumerate(passes, 1):
+        served = ", ".join(mode + (f"/{chosen}" if chosen else "") for mode, chosen in p.serves)
+        shadows = f" with shadows {','.join(p.shadows)}" if p.shadows else ""
+        lines.append(f"  {i}. {p.label}{shadows} -> {served}")
+    return "\n".join(lines)
+
+
+def run_plan(db, request, target) -> list[dict]:
+    """Every pass of the plan, each run stored as soon as its task is replayed (see the module doc)."""
+    from .suite import load_adapter, run_config
+
+    passes = plan_passes(request.modes, request.predictor)
+    request.progress(describe(passes, target, request))
+    rows, costs, reference = [], None, {}
+    for index, p in enumerate(passes):
+        speculative = p.mode in SPECULATIVE
+        # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
+        extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
+        if p.shadows and request.predictor_path and not speculative:
+            extra.append(f"predictor_path={request.predictor_path}")
+        # a speculative pass keeps every expert resident on the device: its tokens do not depend on the cache
+        lm, args = load_adapter(request, target, p.mode, p.predictor, cache_capacity="all" if speculative else None,
+                                link=None, extra=",".join(extra))
+        runs = {}
+        try:
+            check_generation_lengths(request.manager, target.tasks, lm, target.name)
+            for mode, chosen in p.serves:
+                config = replayed_config(run_config(request, target, lm, mode, args), request, mode, chosen, p)
+                runs[(mode, chosen)] = open_run(db, config, request.fresh, request.progress)
+        except BaseException:
+            lm.engine.close()
+            for run_id, _, _ in runs.values():
+                finish(db, run_id, "incomplete", None)
+            raise
+        status, error = "failed", None
+        try:
+            rows += _stored_rows(db, runs, target, p, reference)
+            missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
+            if missing:
+                if costs is None:
+                    costs = measure(lm, target, request, [chosen for q in passes for chosen in q.shadows])
+                timing.warm_up(lm.model, target.tokenizer, lm.engine)
+                if index == 0:
+                    request.progress(estimate(lm, target, request, passes, missing))
+            for task in missing:
+                request.progress(f"[evalsuite] {target.name} / pass {p.label} / {task} (limit {request.limit})")
+                started = time.time()
+                results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+                                                           request.confirm_run_unsafe_code))
+                shadows = lm.shadow_records.pop(task)
+                if p.mode == "resident":
+                    reference[task] = results
+                for (mode, chosen), (run_id, uid, done) in runs.items():
+                    if task in done:
+                        continue
+                    summary = replayed_summary(lm.engine, shadows, costs, request, mode, chosen)
+                    out = with_engine_summary(results, task, summary)
+                    diverged = divergence(out, reference[task], target.tokenizer) \
+                        if speculative and task in reference else {}
+                    out["divergence"] = diverged
+                    name = target.name.replace("/", "--")
+                    save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
+                    db.add_lm_eval_tasks(run_id, out, out["engine"])
+                    rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id,
+                                       time.time() - started)
+            status = "complete"
+        except KeyboardInterrupt:
+            status = "incomplete"
+            raise
+        except BaseException as exc:
+            error = error_line(exc)
+            raise
+        finally:
+            try:
+                for run_id, _, _ in runs.values():
+                    finish(db, run_id, status, error)
+            finally:
+                lm.engine.close()
+    return rows
+
+
+def _label(mode: str, predictor: str | None) -> str:
+    return mode + (f"/{predictor}" if predictor and mode in PREDICTING else "")
+
+
+def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
+    """The table rows of tasks an earlier invocation stored (a resumed plan)."""
+    rows = []
+    for (mode, chosen), (run_id, _, done) in runs.items():
+        if not done:
+            continue
+        stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
+        if mode == "resident":
+            reference.update(dict.fromkeys(stored["results"], stored))
+        rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0)
+    return rows
+
+
+def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:
+    """A run's configuration as replayed: its own mode, predictor, cache and link, and the pass it came from."""
+    offloads = mode != "resident"
+    options = request.engine_options
+    return {**config, "mode": mode, "predictor": predictor,
+            "cache_capacity": str(request.cache_capacity) if offloads else None,
+            "cache_policy": (options.get("cache_policy") or "lru") if offloads else None,
+            "cache_pools": (options.get("cache_pools") or "global") if offloads else None,
+            "store": (options.get("store") or "host") if offloads else None,
+            "link": request.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
+
+
+def measure(lm, target, request, predictors: list[str]):
+    """This machine's decode costs (evalsuite.perf.costs), on the pass's model with its engine set aside,
+    each predictor's cost per prediction included: {predictor or None: Costs}."""
+    from ..perf.costs import copy_seconds, handoff_seconds, measure_costs
+
+    if lm.builds_without_experts:
+        raise ValueError("--plan replay measures compute costs on a model loaded whole (device=cpu, store=host): "
+                         "use --plan measure here")
+    engine = lm.engine
+    artifact = Artifact.load(request.predictor_path, lm.model, engine.layers) if request.predictor_path else None
+    nbytes, device = engine.layout.nbytes, str(engine.device)
+    engine.close()
+    try:
+        ids = target.tokenizer("Question: 12 + 7 = ? Answer:", return_tensors="pt")["input_ids"].to(lm.model.device)
+        cases = [(name, "router-preserving", name, artifact) for name in dict.fromkeys(predictors)]
+        base, per_case, _ = measure_costs(lm.model, ids, COST_TOKENS, COST_REPEATS, predicting=cases)
+    finally:
+        lm.engine = None
+        lm._offload()  # the pass's own engine again
+    link = parse_link(request.link)
+    base = replace(base, transfer_s=link.seconds(nbytes) if link is not None else copy_seconds(nbytes, device),
+                   handoff_s=handoff_seconds(device))
+    out = {None: base}
+    for name in predictors:
+        out[name] = replace(base, predictor_s=per_case.get(name, {}).get("per_prediction", 0.0))
+    return out
+
+
+def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor: str | None) -> dict:
+    """One run's engine summary (the keys of EngineRecord.summary) replayed from a pass's shadow record."""
+    from ..perf.replay import replayed_stats
+
+    layers = engine.layers
+    experts, top_k = layers[0].num_experts, layers[0].top_k
+    meta = {"expert_bytes": engine.layout.nbytes, "budget": engine.budget}
+    trace = routing_trace(shadows.sequences, predictor, [l.index for l in layers], experts, top_k, meta)
+    capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
+    options = request.engine_options
+    replay_mode = "on-demand" if mode == "router-preserving" and predictor is None else mode
+    stats = replayed_stats(trace, costs.get(predictor, costs[None]), capacity, replay_mode,
+                           options.get("cache_policy") or "lru", (options.get("cache_pools") or "global") == "per-layer")
+    recall = shadows.recall.get(predictor) if predictor else None
+    if mode in SPECULATIVE:  # speculating layers prefetch what they execute: precision 1.0 by construction
+        stats["prefetch_precision"] = None
+    return {**stats, "requests": stats["sequences"], "ttft_ms": summarise([]), "layers": {},
+            "recall": {k: recall_summary(layers_) for k, layers_ in recall.items()} if recall else None,
+            "by_token_kind": None}
+
+
+def with_engine_summary(results: dict, task: str, summary: dict) -> dict:
+    """A pass's results for one task with another run's engine metrics (everything else shared)."""
+    out = copy.deepcopy({k: v for k, v in results.items() if k != "engine"})
+    metrics = {k: v for k, v in out["results"][task].items() if not k.endswith(f",{ENGINE_FILTER}")}
+    out["results"] = {task: {**metrics, **engine_entries(summary)}}
+    out["engine"] = {task: summary}
+    for sample in out.get("samples", {}).get(task, []):
+        sample.pop("engine", None)  # the pass's own per-sample engine metrics, not this run's
+    return out
+
+
+def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
+    """An upper bound of the plan's generation time: one timed batched step, times the steps every pass
+    could take (each batch generating its task's max_gen_toks)."""
+    rows = request.batch_size
+    ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        started = time.perf_counter()
+        lm.model.generate(ids.to(lm.model.device), attention_mask=torch.ones_like(ids).to(lm.model.device),
+                          max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                          pad_token_id=target.tokenizer.pad_token_id or 0)
+        step_s = (time.perf_counter() - started) / 8
+    lm.engine.reset_stats()
+    lengths = generation_lengths(request.manager, tasks, lm.max_gen_toks)
+    steps = sum(math.ceil(request.limit / rows) * tokens for tokens in lengths.values())
+    return (f"[evalsuite] estimate: at most ~{steps * step_s * len(passes):.0f} s of generation "
+            f"({len(passes)} pass(es) x {steps} batched steps x {step_s * 1e3:.1f} ms per step measured now; "
+            "most stop well before max_gen_toks)")

@@ -1,0 +1,83 @@
+"""`evalsuite eval --plan replay`: the fewest generations, batched, and every run's engine metrics replayed."""
+import pytest
+
+from evalsuite.lm import plan
+from evalsuite.lm.plan import plan_passes
+from evalsuite.lm.suite import run_suite
+from evalsuite.results import ResultsDB
+from evalsuite.results.store import stored_config
+
+from .helpers import shipped_model
+
+TASK = "evalsuite_arith"
+
+
+def test_one_resident_pass_serves_every_exact_run_and_each_speculative_predictor_gets_one():
+    passes = plan_passes(["resident", "on-demand", "router-preserving", "speculative"], "gate,quasi")
+    assert [(p.label, p.shadows) for p in passes] == [
+        ("resident", ["gate", "quasi"]), ("speculative/gate", ["gate"]), ("speculative/quasi", ["quasi"])]
+    assert passes[0].serves == [("resident", None), ("on-demand", None), ("router-preserving", "gate"),
+                                ("router-preserving", "quasi")]
+    assert [p.label for p in plan_passes(["hybrid", "on-demand"], None)] == ["resident", "hybrid/hybrid"]
+
+
+def _suite(db, out, modes, plan_="replay", batch_size=4, model="tiny-qwen3-moe", limit=6):
+    return run_suite([shipped_model(model)], modes, [TASK], limit, db_url=f"sqlite:///{db}", out_dir=str(out),
+                     link="ufs4", batch_size=batch_size, plan=plan_, progress=lambda *_: None)
+
+
+def _runs(db):
+    with ResultsDB(f"sqlite:///{db}") as store:
+        runs = store.runs()
+        configs = {int(r.id): stored_config(r.config) for r in runs.itertuples()}
+        samples = store.samples(list(configs))
+        engine = store.engine_metrics(list(configs))
+    return configs, samples, engine
+
+
+def test_replayed_runs_are_stored_labelled_and_resumed(tmp_path, monkeypatch):
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    rows = _suite(db, out, ["resident", "on-demand", "router-preserving"])
+    assert [r["mode"] for r in rows] == ["resident", "on-demand", "router-preserving/gate"]
+    configs, samples, _ = _runs(db)
+    assert {c["engine_metrics"] for c in configs.values()} == {"replayed"}
+    assert {c["generated_by"] for c in configs.values()} == {"resident"}
+    by_mode = {c["mode"]: run for run, c in configs.items()}
+    assert configs[by_mode["on-demand"]]["link"] == "ufs4" and configs[by_mode["resident"]]["link"] is None
+    responses = {mode: samples[samples.run_id == run].sort_values("doc_id")["response"].tolist()
+                 for mode, run in by_mode.items()}
+    assert responses["on-demand"] == responses["resident"] == responses["router-preserving"]
+    assert len({r["hit_rate"] for r in rows}) == 3  # each run its own replayed engine metrics
+    assert rows[2]["recall"] is not None and rows[0]["recall"] is None
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("a stored run was generated again")
+
+    monkeypatch.setattr(plan, "evaluate_task", no_generation)
+    again = _suite(db, out, ["resident", "on-demand", "router-preserving"])
+    assert [(r["run"], r["hit_rate"]) for r in again] == [(r["run"], r["hit_rate"]) for r in rows]
+
+
+def test_on_demand_hit_rate_replayed_equals_the_measured_run(tmp_path):
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    replayed = _suite(db, out, ["on-demand"])
+    measured = _suite(db, out, ["on-demand"], plan_="measure", batch_size=1)
+    assert replayed[0]["hit_rate"] == measured[0]["hit_rate"]
+    configs, _, engine = _runs(db)
+    uses = {configs[run]["engine_metrics"]: engine[(engine.run_id == run) & engine.layer.isna()]["tokens"].iloc[0]
+            for run in configs}
+    assert uses["replayed"] == uses["measured"]  # the same tokens: every prefill and decode step replayed
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3-moe", "tiny-glm4-moe"])
+def test_speculative_batched_generates_what_batch_one_does(tmp_path, model):
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    batched = _suite(db, out, ["speculative"], batch_size=8, model=model, limit=8)
+    single = _suite(db, out, ["speculative"], batch_size=1, model=model, limit=8)
+    configs, samples, _ = _runs(db)
+    by_batch = {configs[run]["batch_size"]: samples[samples.run_id == run].sort_values("doc_id")
+                for run in configs}
+    assert by_batch[8]["response"].tolist() == by_batch[1]["response"].tolist()
+    assert by_batch[8]["correct"].tolist() == by_batch[1]["correct"].tolist()
+    assert batched[0]["recall"] == pytest.approx(single[0]["recall"])
+    assert batched[0]["hit_rate"] == pytest.approx(single[0]["hit_rate"])  # replayed at batch 1 either way

@@ -1,0 +1,104 @@
+"""Shadow predictors: one generation scores every predictor, batched rows as their batch-1 runs."""
+import copy
+
+import pytest
+import torch
+
+import evalsuite
+from evalsuite.engine.shadows import routing_trace
+
+from .helpers import batch, reference_model
+from .test_modes import artifact_for
+
+PREDICTORS = ["gate", "quasi", "adapter", "estimator"]
+
+
+def _generate(model, ids, mask, tokens=5):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+
+
+def _unpadded(ids, mask, row):
+    keep = mask[row].bool()
+    return ids[row : row + 1, keep], mask[row : row + 1, keep]
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_shadows_score_each_predictor_as_its_own_router_preserving_run(model_type):
+    model = copy.deepcopy(reference_model(model_type))
+    ids, mask = batch(3)
+    engine = evalsuite.offload(model, mode="resident", shadows=PREDICTORS, artifact=artifact_for(model_type),
+                               recall_k=[1, 2])
+    for row in range(3):
+        _generate(model, *_unpadded(ids, mask, row))
+    shadow_recall, _ = engine.take_shadows()
+    engine.close()
+    for name in PREDICTORS:
+        engine = evalsuite.offload(model, mode="router-preserving", predictor=name, artifact=artifact_for(model_type),
+                                   cache_capacity=0.5, recall_k=[1, 2])
+        for row in range(3):
+            _generate(model, *_unpadded(ids, mask, row))
+        measured = engine.take_record().recall
+        engine.close()
+        assert shadow_recall[name] == measured, name  # per sample and layer, exactly
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_a_left_padded_batch_records_what_each_row_alone_records(model_type):
+    model = copy.deepcopy(reference_model(model_type))
+    ids, mask = batch(4)
+    engine = evalsuite.offload(model, mode="resident", shadows=["gate", "quasi"], artifact=artifact_for(model_type))
+    alone = []
+    for row in range(4):
+        _generate(model, *_unpadded(ids, mask, row))
+        alone.append(engine.take_shadows())
+    _generate(model, ids, mask)
+    recall, together = engine.take_shadows()
+    engine.close()
+    for row, (row_recall, (sequence,)) in enumerate(alone):
+        assert together[row].prefill == sequence.prefill  # padding left out
+        assert together[row].prefill_predicted == sequence.prefill_predicted
+        assert together[row].native == sequence.native
+        assert together[row].predicted == sequence.predicted
+        for name in ("gate", "quasi"):
+            for k, layers in row_recall[name].items():
+                for layer, (value,) in layers.items():
+                    assert recall[name][k][layer][row] == pytest.approx(value)
+
+
+def test_rows_count_only_the_steps_their_batch_one_run_made():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(2)
+    engine = evalsuite.offload(model, mode="resident", shadows=["gate"])
+    _generate(model, ids, mask, tokens=6)  # 5 decode steps
+    engine.shadows.end_request(steps=[2, 5])
+    _, sequences = engine.take_shadows()
+    engine.close()
+    assert [len(s.native) for s in sequences] == [2, 5]
+    trace = routing_trace(sequences, "gate", [l.index for l in engine.layers], engine.layers[0].num_experts,
+                          engine.layers[0].top_k, {})
+    assert len(trace.steps) == 7 and [start for start, _ in trace.prefills] == [0, 2]
+    assert trace.steps[0][1].predicted == sequences[0].predicted["gate"][0][1]
+    assert trace.steps[0][0].predicted is None  # a request's first step has no cross-token prediction
+
+
+def test_speculative_shadows_see_the_native_routing_and_what_ran():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(2)
+    engine = evalsuite.offload(model, mode="speculative", predictor="gate", shadows=["gate"], cache_capacity="all")
+    _generate(model, ids, mask)
+    _, sequences = engine.take_shadows()
+    record = engine.take_record()
+    engine.close()
+    step = sequences[0].native[1]
+    ran = sequences[0].executed[1]
+    # from the second sparse layer on, what ran is the shadow's (= the driver's) predicted top-k
+    top_k = engine.layers[0].top_k
+    assert sorted(ran[1]) == sorted(sequences[0].predicted["gate"][1][1][:top_k])
+    assert len(step[1]) == top_k and record.recall  # the driver scored recall too
+
+
+def test_oracles_cannot_be_shadows():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with pytest.raises(ValueError, match="shadows=.*must be a list of predictors among"):
+        evalsuite.offload(model, mode="resident", shadows=["oracle"])
