@@ -126,7 +126,8 @@ def cmd_calibrate(args) -> int:
     width = max(map(len, meta["recall"]))
     for name, per_layer in meta["recall"].items():
         mean = sum(per_layer.values()) / len(per_layer) if per_layer else float("nan")
-        print(f"  recall@K {name:<{width}} mean={mean:.3f} " + " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items()))
+        layers = " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items())
+        print(f"  recall@K {name:<{width}} mean={mean:.3f} {layers}")
     for name, loss in meta["final_loss"].items():
         print(f"  final KL {name}: {loss:.4f}")
     return 0
