@@ -13,6 +13,13 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog.split()[0]} --help)\n")
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default where it has one (not for required options or flags)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default in (None, False) else super()._get_help_string(action)
+
+
 def _capacity(text: str):
     """'8' -> 8 experts, '0.25' -> a quarter of all experts, '512MiB' / 'all' kept as text."""
     for convert in (int, float):
@@ -122,8 +129,13 @@ def cmd_calibrate(args) -> int:
     artifact.save(path)
     meta = artifact.meta
     print(f"calibrated on {meta['tokens']} tokens; wrote {path}")
+    print("recall@K per target layer on the calibration tokens, of every predictor (a trained one on the tokens "
+          "it was fitted to):")
+    width = max(map(len, meta["recall"]))
     for name, per_layer in meta["recall"].items():
-        print(f"  recall@K {name:<6}" + " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items()))
+        mean = sum(per_layer.values()) / len(per_layer) if per_layer else float("nan")
+        layers = " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items())
+        print(f"  recall@K {name:<{width}} mean={mean:.3f} {layers}")
     for name, loss in meta["final_loss"].items():
         print(f"  final KL {name}: {loss:.4f}")
     return 0
@@ -260,20 +272,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_options(g)
     g.set_defaults(run=cmd_generate)
 
-    c = sub.add_parser("calibrate", help="routing traces -> default vectors, adapters, estimators (an artifact)")
+    c = sub.add_parser("calibrate", help="routing traces -> default vectors, adapters, estimators (an artifact)",
+                       formatter_class=DefaultsShown)
     c.add_argument("--model", required=True, help="model directory, or tiny:<model_type>")
-    c.add_argument("--predictor", default="all", choices=TRAINED, help="what to calibrate (all: every one)")
+    c.add_argument("--predictor", default="all", choices=TRAINED,
+                   help="what to train (all: every one; gate, quasi and frequency need no training)")
     c.add_argument("--data", help="JSONL of calibration texts (default: the project's generated training data)")
     c.add_argument("--out", required=True, help="directory for predictor.safetensors")
     c.add_argument("--prompts", type=int, default=256, help="calibration texts to use")
-    c.add_argument("--max-len", type=int, default=128)
+    c.add_argument("--max-len", type=int, default=128, help="tokens kept of each calibration text")
     c.add_argument("--rank", type=int, default=16, help="adapter rank r (trainable parameters r(D+E) each)")
-    c.add_argument("--horizon", type=int, default=1, choices=(1, 2))
+    c.add_argument("--horizon", type=int, default=1, choices=(1, 2), help="layers ahead the adapters predict")
     c.add_argument("--hidden", type=int, default=64, help="estimator hidden width")
-    c.add_argument("--epochs", type=int, default=30)
-    c.add_argument("--lr", type=float, default=1e-3)
-    c.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    c.add_argument("--device", default="cpu")
+    c.add_argument("--epochs", type=int, default=30, help="training epochs of each adapter and estimator")
+    c.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    c.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="dtype the model is loaded in")
+    c.add_argument("--device", default="cpu", help="where the model runs")
     c.set_defaults(run=cmd_calibrate)
 
     e = sub.add_parser("eval", help="models x modes x tasks through lm-eval; one table, stored results")

@@ -135,7 +135,10 @@ def test_cli_calibrate_then_generate_with_the_artifact(tmp_path):
                                  "--epochs", "1", "--predictor", "estimator"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert made.returncode == 0, made.stderr
-    assert "recall@K quasi" in made.stdout and (tmp_path / "predictor.safetensors").exists()
+    assert (tmp_path / "predictor.safetensors").exists()
+    printed = {line.split()[1] for line in made.stdout.splitlines() if line.startswith("  recall@K ")}
+    assert printed == {"gate", "quasi", "frequency", "estimator"}  # the trained estimator too
+    assert "training estimator layer 0->1" in made.stderr  # the progress bar names what it trains
     used = subprocess.run(cli + ["generate", "--model", "tiny:qwen3_moe", "--modes", "resident,speculative",
                                  "--predictor", "estimator", "--predictor-path", str(tmp_path / "predictor.safetensors"),
                                  "--max-new-tokens", "3"], capture_output=True, text=True, timeout=300, env=env)
@@ -145,6 +148,9 @@ def test_cli_calibrate_then_generate_with_the_artifact(tmp_path):
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "--predictor: invalid choice: 'x'" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+    shown = subprocess.run(cli + ["calibrate", "--help"], capture_output=True, text=True, timeout=300, env=env)
+    for default in ("(default: all)", "(default: 256)", "(default: 30)", "(default: 0.001)", "(default: cpu)"):
+        assert default in " ".join(shown.stdout.split())
 
 
 def test_cache_that_does_not_fit_names_the_largest_that_would(monkeypatch):

@@ -48,7 +48,7 @@ SUMMARY = {"recall": {2: {"mean": 0.5}}, "hit_rate": 0.75, "prefetch_precision":
 
 
 def test_engine_metrics_move_from_the_models_report_into_the_results():
-    from evalsuite.lm.results import TASK_SUMMARIES, add_engine_metrics
+    from evalsuite.lm.engine_metrics import TASK_SUMMARIES, add_engine_metrics
 
     results = {"results": {"arith": {"exact_match,none": 1.0}},
                "config": {"model": "specmoe", TASK_SUMMARIES: {"arith": SUMMARY, "yesno": SUMMARY}}}
@@ -67,7 +67,7 @@ def test_the_cli_wrapper_adds_engine_metrics_only_while_it_runs():
     import lm_eval
 
     from evalsuite.lm.cli import engine_metrics_in_results
-    from evalsuite.lm.results import TASK_SUMMARIES
+    from evalsuite.lm.engine_metrics import TASK_SUMMARIES
 
     original = lm_eval.simple_evaluate
     try:

@@ -133,3 +133,45 @@ def test_token_divergence_definition():
     assert token_divergence([1, 2, 3], [1, 2, 3]) == {"first_divergence": None, "identical_share": 1.0}
     assert token_divergence([1, 5, 3], [1, 2, 3]) == {"first_divergence": 1, "identical_share": 2 / 3}
     assert token_divergence([1, 2], [1, 2, 3, 4]) == {"first_divergence": 2, "identical_share": 0.5}
+
+
+@pytest.mark.parametrize("mode", ["speculative", "hybrid"])
+def test_prefetch_precision_is_left_out_where_speculating_layers_make_it_one(mode):
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, mode=mode, artifact=artifact_for("qwen3_moe"), cache_capacity=0.5) as engine:
+        generate(model, *batch(2))
+        stats = engine.stats()
+    assert stats["prefetches"] > 0 and stats["prefetch_used"] > 0  # it prefetched: the precision is withheld
+    assert stats["prefetch_precision"] is None
+    assert all(layer["prefetch_precision"] is None for layer in stats["layers"].values())
+
+
+def test_prefetch_precision_stays_where_the_router_decides():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5) as engine:
+        generate(model, *batch(2))
+        stats = engine.stats()
+    assert stats["prefetch_precision"] == stats["prefetch_used"] / stats["prefetches"]
+
+
+def test_each_row_of_each_request_gets_its_own_recall_and_a_share_of_its_bytes():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5) as engine:
+        generate(model, *batch(2))
+        engine.record.label_last_request(["first", "second"])
+        generate(model, *batch(1, seed=5))
+        engine.record.label_last_request(["alone"])
+        generate(model, *batch(1, seed=6))  # unlabelled: no row of it is reported
+        record = engine.take_record()
+    rows = dict(record.per_row())
+    assert list(rows) == ["first", "second", "alone"]
+    first, second, alone = rows.values()
+    assert first["recall"][2] != second["recall"][2]  # rows of one batch are scored apart
+    assert (first["hit_rate"], first["tpot_ms"]) == (second["hit_rate"], second["tpot_ms"])  # and share their request
+    batched, single, _ = (record.counters_of(r) for r in record.requests)
+    assert first["bytes_transferred"] + second["bytes_transferred"] == batched.bytes_transferred
+    assert alone["bytes_transferred"] == single.bytes_transferred
+    assert sum(record.counters_of(r).bytes_transferred for r in record.requests) == \
+        record.summary()["bytes_transferred"]
+    for layer, whole in record.summary()["recall"][2]["layers"].items():  # the three rows' mean
+        assert whole == pytest.approx(sum(r.recall[2][layer][i] for r in record.requests for i in range(r.rows)) / 4)

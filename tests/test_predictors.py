@@ -127,3 +127,19 @@ def test_scheduler_ranks_skips_resident_and_respects_the_window():
     scheduler = PrefetchScheduler(unlimited, budget=4, window=False)
     scheduler.layer_s = 1e-3
     assert scheduler.schedule(1, scores, h=1) == 4 and [e for _, e in unlimited.started] == [0, 1, 2, 3]
+
+
+def test_calibration_measures_the_recall_of_every_predictor_it_trains():
+    model = reference_model("qwen3_moe")
+    layers = arch.sparse_layers(model)
+    batches = [(torch.randint(3, 128, (2, 12)), torch.ones(2, 12, dtype=torch.long))]
+    art = calibrate(model, batches, predictor="all", rank=3, horizon=2, hidden=8, epochs=0)
+    recall = art.meta["recall"]
+    assert set(recall) == {"gate", "quasi", "frequency", "adapter", "adapter_h2", "estimator"}
+    one_ahead = [str(l.index) for l in layers[1:]]
+    assert all(list(recall[name]) == one_ahead for name in ("gate", "quasi", "frequency", "adapter", "estimator"))
+    assert list(recall["adapter_h2"]) == [str(l.index) for l in layers[2:]]
+    assert recall["adapter"] == recall["gate"]  # untrained adapters (B = 0) predict like the gate
+    assert all(0 <= v <= 1 for per_layer in recall.values() for v in per_layer.values())
+    only_estimator = calibrate(model, batches, predictor="estimator", hidden=8, epochs=0).meta["recall"]
+    assert set(only_estimator) == {"gate", "quasi", "frequency", "estimator"}

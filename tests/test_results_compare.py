@@ -243,3 +243,21 @@ def test_a_gate_over_runs_that_measured_different_things_fails_with_the_reason(t
             "metric": "exact_match", "max_drop": 0.02}
     row = evaluate_gates(db, [rule]).iloc[0]
     assert not row["passed"] and "limit (5 vs 10)" in row["detail"]
+
+
+def test_stored_per_sample_recall_is_compared_paired_and_a_task_without_it_whole_run(tmp_path):
+    db = open_db(tmp_path)
+    correct = [1, 1, 0, 1]
+    run_a = make_run(db, mode="router-preserving", predictor="gate", correct=correct, recall=0.5,
+                     sample_recall=[0.6, 0.5, 0.4, 0.7])
+    run_b = make_run(db, mode="router-preserving", predictor="quasi", correct=correct, recall=0.6,
+                     sample_recall=[0.9, 0.8, 0.6, 0.9])
+    for run, recall in ((run_a, 0.5), (run_b, 0.6)):  # a loglikelihood task: no per-sample engine values
+        db.add_task(run, "yesno", [{"metric": "acc", "filter": "none", "value": 0.5, "n": 2}],
+                    [{"layer": None, "k": 2, "recall_at_k": recall}],
+                    [{"doc_id": d, "metric": "acc", "filter": "none", "score": 1.0, "correct": True} for d in (0, 1)])
+    table = compare(db, run_a, run_b).set_index("task")
+    assert table.loc["arith", "engine_basis"] == "paired"
+    assert table.loc["arith", "recall_at_k_delta"] == pytest.approx((0.9 + 0.8 + 0.6 + 0.9 - 2.2) / 4)
+    assert table.loc["yesno", "engine_basis"] == "whole-run"
+    assert table.loc["yesno", "recall_at_k_delta"] == pytest.approx(0.1)

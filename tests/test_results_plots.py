@@ -77,3 +77,26 @@ def test_recall_heatmap_title_and_rows_say_what_was_averaged():
     assert ax.get_title() == "recall@2 per layer: mean over each row's runs and tasks"
     assert [t.get_text() for t in ax.get_yticklabels()] == ["gate (2 runs)", "quasi (1 run)"]
     assert ax.images[0].get_array()[0, 0] == pytest.approx(0.8)  # gate, layer 0: mean of 0.9 and 0.7
+
+
+def test_share_correct_is_read_per_recall_bin_with_thin_bins_open():
+    # speculative: the low-recall samples are wrong, the high-recall ones right; one lone sample at 0.55
+    recall = [0.12] * 6 + [0.93] * 6 + [0.55]
+    samples = pd.DataFrame({"model": "m", "mode": ["speculative"] * 13 + ["router-preserving"] * 13,
+                            "predictor": "gate", "k": 2, "recall_at_k": recall * 2,
+                            "correct": ([False] * 6 + [True] * 6 + [True]) + [True, False] * 6 + [True]})
+    fig = plots.accuracy_vs_recall_figure(samples)
+    fig.canvas.draw()
+    top, bottom = fig.axes[0], fig.axes[1]
+    preserving, speculative = top.lines  # settings in name order
+    assert [line.get_xdata().tolist() for line in top.lines] == [pytest.approx([0.15, 0.55, 0.95])] * 2
+    assert speculative.get_ydata().tolist() == [0.0, 1.0, 1.0] and preserving.get_ydata().tolist() == [0.5, 1.0, 0.5]
+    assert [line.get_ydata().tolist() for line in bottom.lines] == [[6, 1, 6]] * 2
+    lone = [c for c in top.collections if c.get_offsets().tolist() == [[0.55, 1.0]]]
+    assert len(lone) == 2 and all(c.get_facecolor()[0].tolist() == [1, 1, 1, 1] for c in lone)  # open: one sample
+    assert (top.get_ylabel(), bottom.get_ylabel()) == ("share of samples correct", "samples in the bin")
+    assert bottom.get_xlabel() == "the sample's own recall@2 (bins of 0.1)"
+    legend = fig.legends[0].get_window_extent(fig.canvas.get_renderer())
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    assert "mean over its decode tokens and target layers" in " ".join(fig._suptitle.get_text().split())
+    assert plots.accuracy_vs_recall_figure(samples.assign(recall_at_k=None)).startswith("accuracy vs per-sample")

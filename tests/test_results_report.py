@@ -19,7 +19,7 @@ def _runs(db):
         for capacity, hit in ((0.25, 0.45), (0.5, 0.7), (0.75, 0.88)):
             make_run(db, mode="speculative", predictor=predictor, correct=[1] * right + [0] * (10 - right),
                      tpot_ms=tpot / capacity ** 0.3, recall=sum(recall) / 4, hit_rate=hit, cache_capacity=capacity,
-                     layer_recall=recall)
+                     layer_recall=recall, sample_recall=[0.95] * right + [0.4] * (10 - right))
     make_run(db, mode="on-demand", correct=[1] * 9 + [0], tpot_ms=60.0, hit_rate=0.5, cache_capacity="512MiB")
 
 
@@ -29,13 +29,13 @@ def test_report_writes_html_pngs_and_csvs(tmp_path):
     out = tmp_path / "report"
     made = report(db, str(out))
     assert made["notes"] == []
-    assert sorted(p.name for p in out.glob("*.png")) == ["accuracy_vs_tpot.png", "hit_rate_vs_capacity.png",
-                                                        "recall_per_layer.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["accuracy_vs_recall.png", "accuracy_vs_tpot.png",
+                                                        "hit_rate_vs_capacity.png", "recall_per_layer.png"]
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
     page = (out / "index.html").read_text()
-    assert set(re.findall(r"src='([^']+)'", page)) == {"accuracy_vs_tpot.png", "hit_rate_vs_capacity.png",
-                                                      "recall_per_layer.png"}
+    assert set(re.findall(r"src='([^']+)'", page)) == {"accuracy_vs_recall.png", "accuracy_vs_tpot.png",
+                                                      "hit_rate_vs_capacity.png", "recall_per_layer.png"}
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 11 and summary.set_index("id").loc[1, "accuracy"] == pytest.approx(0.9)
     assert {"runs.csv", "task_metrics.csv", "engine_metrics.csv"} <= {p.name for p in out.glob("*.csv")}
@@ -49,9 +49,9 @@ def test_plots_without_data_are_skipped_with_a_note(tmp_path):
     db.add_task(run_id, "arith", [{"metric": "acc", "value": 0.5}])
     db.finish_run(run_id)
     made = report(db, str(tmp_path / "report"))
-    assert made["plots"] == [] and len(made["notes"]) == 3
+    assert made["plots"] == [] and len(made["notes"]) == 4
     page = (tmp_path / "report" / "index.html").read_text()
-    assert page.count("Skipped:") == 3 and "<img" not in page
+    assert page.count("Skipped:") == 4 and "<img" not in page
     assert report(open_db(tmp_path, "empty.db"), str(tmp_path / "empty"))["plots"] == []
 
 

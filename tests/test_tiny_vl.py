@@ -155,6 +155,9 @@ def test_specmoe_vlm_answers_exactly_as_hf_multimodal():
         assert 0 <= metrics["image_hit_rate,engine"] <= 1 and 0 <= metrics["text_hit_rate,engine"] <= 1
         if mode == "router-preserving":
             assert 0 < metrics["image_recall@2,engine"] <= 1
+            # every generated sample carries its own recall and hit rate (rows named through the multimodal encoder)
+            for sample in results["samples"]["evalsuite_vision"]:
+                assert 0 <= sample["engine"]["recall"][2]["mean"] <= 1 and 0 <= sample["engine"]["hit_rate"] <= 1
 
 
 def test_the_suite_runs_vision_language_models_through_specmoe_vlm(tmp_path):

@@ -35,6 +35,11 @@ token kind     "image" for positions holding the model's image or video token, "
                that forward pass. Recall@k by kind: per token, as recall@k, over prefill and
                decode tokens (image tokens exist only in prefill), averaged over the tokens
                of the kind per target layer, then over layers.
+per sample     each row of a request (one sequence of a batch) is one sample: its own recall@k per
+               target layer (over its decode tokens) and the mean over layers; the request's hit rate
+               and TPOT; the request's bytes transferred shared equally among its rows (an
+               expert a batch fetches serves every row of it). With batch size 1 a sample's numbers
+               are its request's.
 Request-level values are summarised across requests by mean and median.
 """
 from __future__ import annotations
@@ -65,6 +70,10 @@ class Counters:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         return self
 
+    def since(self, before: "Counters") -> "Counters":
+        """What was counted after `before` (an earlier copy of these counters) was taken."""
+        return Counters(**{name: getattr(self, name) - getattr(before, name) for name in self.__dataclass_fields__})
+
     def as_dict(self) -> dict:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__}
         out["hit_rate"] = hit_rate(self.hits, self.expert_uses)
@@ -73,12 +82,17 @@ class Counters:
 
 
 @dataclass
-class RequestTiming:
-    """Forward-pass end times of one request (one prefill, then one per decode step)."""
+class RequestRecord:
+    """One request (one prefill, then one forward pass per decode step): when its forward passes ended, the
+    engine's counters over it, and the recall@k of each of its rows."""
 
     start: float
     rows: int = 1  # sequences in the batch
     ends: list[float] = field(default_factory=list)
+    counters_before: Counters = field(default_factory=Counters)  # the record's totals when it began
+    counters: Counters | None = None  # its own; None while it is the record's running request
+    recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per row
+    labels: list | None = None  # what each row is, as the caller names it (label_last_request)
 
     @property
     def tokens(self) -> int:
@@ -139,11 +153,13 @@ class EngineRecord:
     """Everything the engine measured over some requests; records merge by concatenation."""
 
     counters: dict[int, Counters] = field(default_factory=dict)  # sparse layer -> counters
-    requests: list[RequestTiming] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
     recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per-sample
     kinds: KindCounts = field(default_factory=KindCounts)
 
     def merge(self, other: "EngineRecord") -> "EngineRecord":
+        self.close_request()  # its counters are taken from this record's totals, which now grow
+        other.close_request()
         for layer, c in other.counters.items():
             self.counters.setdefault(layer, Counters()).add(c)
         self.requests += other.requests
@@ -153,14 +169,69 @@ class EngineRecord:
         self.kinds.merge(other.kinds)
         return self
 
-    def summary(self) -> dict:
+    def totals(self) -> Counters:
         total = Counters()
         for c in self.counters.values():
             total.add(c)
+        return total
+
+    def start_request(self, start: float, rows: int) -> None:
+        """A new request begins (its prefill); the one before it ends."""
+        totals = self.totals()
+        self.close_request(totals)
+        self.requests.append(RequestRecord(start, rows, counters_before=totals))
+
+    def close_request(self, totals: Counters | None = None) -> None:
+        """The running request's own counters: what the record counted since it began."""
+        if self.requests and self.requests[-1].counters is None:
+            self.requests[-1].counters = (totals or self.totals()).since(self.requests[-1].counters_before)
+
+    def counters_of(self, request: RequestRecord) -> Counters:
+        """A request's own counters (the running one's: so far)."""
+        return request.counters or self.totals().since(request.counters_before)
+
+    def add_recall(self, k: int, layer: int, per_row: list[float]) -> None:
+        """Recall@k at a target layer of each row of the request that just ended (over its decode steps)."""
+        self.recall.setdefault(k, {}).setdefault(layer, []).extend(per_row)
+        if self.requests:
+            self.requests[-1].recall.setdefault(k, {})[layer] = per_row
+
+    def label_last_request(self, labels: list) -> None:
+        """Name the rows of the latest request (a caller's own ids, one per row), for `per_row`. Labels that do
+        not match its rows in number are ignored: its rows then stay unnamed."""
+        if self.requests and len(labels) == self.requests[-1].rows:
+            self.requests[-1].labels = list(labels)
+
+    def per_row(self) -> list[tuple[object, dict]]:
+        """(label, metrics) for every row of every labelled request; see 'per sample' in the module docstring."""
+        out = []
+        for request in self.requests:
+            if request.labels is None:
+                continue
+            counters = self.counters_of(request)
+            shared = {"hit_rate": hit_rate(counters.hits, counters.expert_uses),
+                      "bytes_transferred": counters.bytes_transferred / request.rows,
+                      "tpot_ms": None if request.tpot_s is None else request.tpot_s * 1e3}
+            for row, label in enumerate(request.labels):
+                recall = {k: row_recall({layer: values[row] for layer, values in layers.items()})
+                          for k, layers in request.recall.items()}
+                out.append((label, {"recall": recall or None, **shared}))
+        return out
+
+    def summary(self, precision_by_construction: bool = False) -> dict:
+        """Totals, per-layer counters, timing and recall. `precision_by_construction`: the engine ran a mode whose
+        speculating decode layers prefetch exactly the experts they then execute (speculative, hybrid), so its
+        prefetch precision is 1.0 by construction, says nothing about the predictor, and is left out (None)."""
+        total = self.totals()
         timed = [r for r in self.requests if r.ends]
         tokens = sum(r.tokens for r in timed)
+        layers = {layer: c.as_dict() for layer, c in sorted(self.counters.items())}
+        if precision_by_construction:
+            for counters in layers.values():
+                counters["prefetch_precision"] = None
         return {
             **total.as_dict(),
+            **({"prefetch_precision": None} if precision_by_construction else {}),
             "requests": len(timed),
             "sequences": sum(r.rows for r in timed),
             "tokens": tokens,
@@ -169,7 +240,7 @@ class EngineRecord:
             # per sequence: a batched request's time counts once for each of its rows
             "ttft_ms": summarise(r.ttft_s for r in timed for _ in range(r.rows)),
             "tpot_ms": summarise(r.tpot_s for r in timed for _ in range(r.rows)),
-            "layers": {layer: c.as_dict() for layer, c in sorted(self.counters.items())},
+            "layers": layers,
             "recall": {k: recall_summary(layers) for k, layers in self.recall.items()} or None,
             "by_token_kind": self.kinds.summary(),
         }
@@ -180,6 +251,12 @@ def recall_summary(per_layer_samples: dict[int, list[float]]) -> dict:
     per_layer = {layer: sum(v) / len(v) for layer, v in sorted(per_layer_samples.items()) if v}
     return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None, "layers": per_layer,
             "samples": max((len(v) for v in per_layer_samples.values()), default=0)}
+
+
+def row_recall(per_layer: dict[int, float]) -> dict:
+    """One sample's recall at each target layer and the mean over its layers."""
+    return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None,
+            "layers": dict(sorted(per_layer.items()))}
 
 
 def hit_rate(hits: int, uses: int) -> float | None:

@@ -13,7 +13,7 @@ import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
 from . import arch
-from .metrics import Counters, EngineRecord, RequestTiming
+from .metrics import Counters, EngineRecord
 from .prediction import PREDICTORS, PredictionDriver
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
@@ -254,7 +254,7 @@ class Engine(ExpertFetching):
         if not self.decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
-            self.record.requests.append(RequestTiming(time.perf_counter(), _rows(args, kwargs)))
+            self.record.start_request(time.perf_counter(), _rows(args, kwargs))
         if self.tracer is not None:
             self.tracer.forward_started(self.decoding, _rows(args, kwargs))
         if self.shadows is not None:
@@ -287,7 +287,8 @@ class Engine(ExpertFetching):
         """Counters in total and per layer, TTFT / TPOT summaries, recall, and the cache's size."""
         if self.driver is not None:
             self.driver.end_request()
-        return {**self.record.summary(), **self.describe(), "device_expert_bytes": self.device_expert_bytes()}
+        summary = self.record.summary(precision_by_construction=MODES[self.mode].speculates)
+        return {**summary, **self.describe(), "device_expert_bytes": self.device_expert_bytes()}
 
     def describe(self) -> dict:
         """The engine's configuration, as results tables want it."""

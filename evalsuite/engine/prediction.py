@@ -249,7 +249,7 @@ class PredictionDriver:
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
-                recall[k].setdefault(layer, []).extend(per_row.tolist())
+                self.engine.record.add_recall(k, layer, per_row.tolist())
         self.current = {}
 
     def close(self) -> None:

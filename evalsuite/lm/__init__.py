@@ -10,7 +10,7 @@ Importing this package (`evalsuite-lm-eval` and `evalsuite eval` do) registers t
     results = evalsuite.lm.add_engine_metrics(lm_eval.simple_evaluate(model="specmoe", model_args=..., tasks=...))
 """
 from ..zoo import vl_processor  # noqa: F401  (AutoProcessor.register)
-from .results import add_engine_metrics
+from .engine_metrics import add_engine_metrics
 from .specmoe import SpecMoELM, SpecMoEVLM  # (lm-eval's register_model)
 
 __all__ = ["SpecMoELM", "SpecMoEVLM", "add_engine_metrics"]

@@ -34,7 +34,7 @@ from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
 from ..results.store import error_line
 from .preflight import predictors_for
-from .results import ENGINE_FILTER, add_engine_metrics, engine_entries
+from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
 from .runs import check_generation_lengths, divergence, evaluate_task, finish, generation_lengths, open_run, \
     save_json, table_rows
 
@@ -224,6 +224,8 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
     stats = replayed_stats(trace, costs.get(predictor, costs[None]), capacity, replay_mode,
                            options.get("cache_policy") or "lru", (options.get("cache_pools") or "global") == "per-layer")
     recall = shadows.recall.get(predictor) if predictor else None
+    if MODES[mode].speculates:  # speculating layers prefetch what they execute: precision 1.0 by construction
+        stats["prefetch_precision"] = None
     return {**stats, "requests": stats["sequences"], "ttft_ms": summarise([]), "layers": {},
             "recall": {k: recall_summary(layers_) for k, layers_ in recall.items()} if recall else None,
             "by_token_kind": None}
@@ -235,6 +237,8 @@ def with_engine_summary(results: dict, task: str, summary: dict) -> dict:
     metrics = {k: v for k, v in out["results"][task].items() if not k.endswith(f",{ENGINE_FILTER}")}
     out["results"] = {task: {**metrics, **engine_entries(summary)}}
     out["engine"] = {task: summary}
+    for sample in out.get("samples", {}).get(task, []):
+        sample.pop("engine", None)  # the pass's own per-sample engine metrics, not this run's
     return out
 
 

@@ -12,6 +12,7 @@ memory) runs. `pretrained` may be a Hugging Face Hub id, resolved through the lo
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import torch
@@ -24,9 +25,10 @@ from ..engine import offload
 from ..engine.loading import load_skeleton
 from ..engine.options import check_options
 from ..engine.metrics import EngineRecord
+from ..engine.modes import MODES
 from ..hub import local_model
 from ..predict import fingerprint
-from .results import TASK_SUMMARIES
+from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
@@ -59,8 +61,24 @@ def check_engine_args(args: dict) -> None:
         raise ValueError(f"specmoe: {exc}") from None
 
 
+class RowContext(str):
+    """A request's context text that carries the request's position. lm-eval sorts and batches requests itself;
+    the texts its encoder is handed name the rows of the batch, so each row's engine metrics reach its sample."""
+
+    def __new__(cls, text: str, position: int | None = None):
+        made = super().__new__(cls, text)
+        made.position = position
+        return made
+
+
+def _with_row_context(request, position: int):
+    """A copy of an lm-eval request whose context carries its position (the caller's request is left as it is)."""
+    context, *rest = request.args
+    return dataclasses.replace(request, arguments=(RowContext(context, position), *rest))
+
+
 class EngineAdapter:
-    """What both adapters add to their lm-eval base class: the engine, and metrics per task."""
+    """What both adapters add to their lm-eval base class: the engine, metrics per task and per sample."""
 
     def _start(self, pretrained, kwargs: dict, mode, cache_capacity, experts_implementation):
         """Before lm-eval's __init__ loads anything: the checked engine options, the device, and the model's
@@ -103,16 +121,19 @@ class EngineAdapter:
         self.engine = offload(self.model, device=self.device, **self.engine_args)
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
         self.shadow_records: dict[str, ShadowRecord] = defaultdict(ShadowRecord)  # with shadows=...
+        self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """lm-eval's generation; with shadow predictors, each row's steps are cut where its batch-1
         generation would have stopped (lm-eval stops a batch only once every row met its stop sequence)."""
         out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        self._name_batch_rows()
         self._cut_rows(out[:, context.shape[1]:], stop)
         return out
 
     def _model_multimodal_generate(self, inputs, max_length, stop, **generation_kwargs):
         out = super()._model_multimodal_generate(inputs, max_length, stop, **generation_kwargs)
+        self._name_batch_rows()
         self._cut_rows(out[:, inputs["input_ids"].shape[1]:], stop)
         return out
 
@@ -125,7 +146,7 @@ class EngineAdapter:
         self.engine.shadows.end_request([batch_one_length(tokenizer, row, stop, eos) - 1 for row in generated.tolist()])
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        return self._by_task(super().generate_until, requests, disable_tqdm)
+        return self._by_task(super().generate_until, requests, disable_tqdm, per_sample=True)
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         return self._by_task(super().loglikelihood, requests, disable_tqdm)
@@ -133,7 +154,11 @@ class EngineAdapter:
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         return self._by_task(super().loglikelihood_rolling, requests, disable_tqdm)
 
-    def _by_task(self, run, requests, disable_tqdm):
+    def _by_task(self, run, requests, disable_tqdm, per_sample: bool = False):
+        """Run each task's requests as a group. `per_sample` (generating requests): name each batch row after its
+        request, and hand each response back with its row's engine metrics (GeneratedText), which lm-eval keeps
+        with the request's sample (loglikelihood requests have no decode tokens to score recall on, and lm-eval
+        may answer several of them with one row)."""
         groups = defaultdict(list)
         for position, request in enumerate(requests):
             groups[request.task_name].append(position)
@@ -142,28 +167,51 @@ class EngineAdapter:
             # each task starts from a cold cache, so its engine metrics do not depend on what ran before
             self.engine.clear_cache()
             self.engine.take_record()  # whatever ran before belongs to no task
-            outputs = run([requests[p] for p in positions], disable_tqdm=disable_tqdm)
-            self.records[task].merge(self.engine.take_record())
+            group = [_with_row_context(requests[p], p) if per_sample else requests[p] for p in positions]
+            outputs = run(group, disable_tqdm=disable_tqdm)
+            record = self.engine.take_record()
+            self.records[task].merge(record)
             if self.engine.shadows is not None:
                 self.shadow_records[task].merge(*self.engine.take_shadows())
             for p, out in zip(positions, outputs):
                 results[p] = out
+            for position, metrics in record.per_row():
+                results[position] = GeneratedText(results[position], metrics)
         return results
+
+    def _note_batch(self, contexts) -> None:
+        """The batch about to be generated: which request each row is (None for a text that is no RowContext)."""
+        self._batch_positions = [getattr(context, "position", None) for context in contexts]
+
+    def _name_batch_rows(self) -> None:
+        """After a batch's generation: its rows named in the engine's record (its latest request)."""
+        positions, self._batch_positions = self._batch_positions, None
+        if positions and None not in positions:
+            self.engine.record.label_last_request(positions)
+
+    def tok_batch_encode(self, strings, *args, **kwargs):
+        self._note_batch(strings)
+        return super().tok_batch_encode(strings, *args, **kwargs)
 
     def engine_summaries(self) -> dict[str, dict]:
         """Per task: the engine's summary (see evalsuite.engine.metrics) and configuration."""
         describe = self.engine.describe()
-        return {task: {**record.summary(), **describe} for task, record in self.records.items()}
+        by_construction = MODES[self.engine.mode].speculates
+        return {task: {**record.summary(precision_by_construction=by_construction), **describe}
+                for task, record in self.records.items()}
 
     def fingerprint(self) -> str:
         """A hash of the model's configuration and router weights (see evalsuite.predict)."""
         return fingerprint(self.model, self.engine.layers)
 
     def get_model_info(self) -> dict:
-        """lm-eval merges this into results["config"]: the engine's configuration, and the per-task engine
-        summaries that `add_engine_metrics` moves into the results."""
+        """lm-eval merges this into results["config"]: the engine's configuration (as asked and as run, and the
+        model's fingerprint), and the per-task engine summaries that `add_engine_metrics` moves into the results."""
+        from .runs import engine_config  # the cache and store the engine runs with
+
         info = super().get_model_info()
-        info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe()}
+        info["evalsuite_engine"] = {**{k: str(v) for k, v in self.engine_args.items()}, **self.engine.describe(),
+                                    **engine_config(self.engine), "model_fingerprint": self.fingerprint()}
         info[TASK_SUMMARIES] = self.engine_summaries()
         return info
 
@@ -235,3 +283,7 @@ class SpecMoEVLM(EngineAdapter, HFMultimodalLM):
         pretrained = self._start(pretrained, kwargs, mode, cache_capacity, experts_implementation)
         super().__init__(pretrained=pretrained, **kwargs)
         self._offload()
+
+    def tok_batch_multimodal_encode(self, strings, *args, **kwargs):
+        self._note_batch(strings)
+        return super().tok_batch_multimodal_encode(strings, *args, **kwargs)

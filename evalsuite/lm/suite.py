@@ -22,7 +22,7 @@ from ..tasks import TASKS_DIR
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, predictors_for, unsafe_tasks
-from .results import add_engine_metrics
+from .engine_metrics import add_engine_metrics
 from .runs import (check_generation_lengths, divergence, engine_config, evaluate_task, file_hash, finish, open_run,
                    save_json, table_rows)
 

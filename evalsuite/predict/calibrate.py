@@ -16,7 +16,8 @@ from ..engine.metrics import token_recall
 from ..engine.store import ExpertLayout
 from .artifact import Artifact, fingerprint
 from ..engine.prediction import LayerState
-from .predictors import GatePredictor, QuasiPredictor, router_logits
+from .predictors import (AdapterPredictor, EstimatorPredictor, FrequencyPredictor, GatePredictor, QuasiPredictor,
+                         router_logits)
 
 TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "estimator": ("estimator",),
            "hybrid": ("estimator",), "all": ("adapter", "estimator")}
@@ -83,27 +84,78 @@ def _fit(params, forward, inputs, targets, epochs, lr, desc, batch_size=256) -> 
     return loss_value
 
 
-def train_adapter(router, x, target_logits, rank, epochs, lr):
+def train_adapter(router, x, target_logits, rank, epochs, lr, desc="adapter"):
     """Low-rank correction B A of the target router: B starts at zero, so untrained = gate."""
     a = torch.nn.Parameter(torch.randn(rank, x.shape[1]) / x.shape[1] ** 0.5)
     b = torch.nn.Parameter(torch.zeros(router.weight.shape[0], rank))
     base = router_logits(router, x).detach()
     loss = _fit([a, b], lambda rows: base[rows] + F.linear(F.linear(x[rows], a), b), torch.arange(len(x)),
-                target_logits, epochs, lr, "adapter")
+                target_logits, epochs, lr, desc)
     return a.detach(), b.detach(), loss
 
 
-def train_estimator(q, target_logits, hidden, epochs, lr):
+def train_estimator(q, target_logits, hidden, epochs, lr, desc="estimator"):
     net = torch.nn.Sequential(torch.nn.Linear(q.shape[1], hidden), torch.nn.GELU(),
                               torch.nn.Linear(hidden, target_logits.shape[1]))
     loss = _fit(list(net.parameters()), lambda rows: net(q[rows]), torch.arange(len(q)), target_logits, epochs, lr,
-                "estimator")
+                desc)
     return [t.detach() for t in (net[0].weight, net[0].bias, net[2].weight, net[2].bias)], loss
 
 
 def recall(scores: torch.Tensor, true_ids: torch.Tensor) -> float:
     """Mean recall@K over tokens, K = the router's top-k (evalsuite.engine.metrics.token_recall)."""
     return token_recall(scores, true_ids, true_ids.shape[1]).mean().item()
+
+
+def _layer_state(trace, pos: int) -> LayerState:
+    t = trace[pos]
+    return LayerState(pos, t["x"], t["residual"], t["ids"], t["weights"])
+
+
+def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden, epochs, lr) -> dict[str, float]:
+    """Train the adapters and estimators `predictor` needs into the artifact's tensors; returns each final KL."""
+    tensors, losses = artifact.tensors, {}
+    quasi = QuasiPredictor(layers, family, artifact)
+    for pos, layer in enumerate(layers[:-1]):
+        t = trace[pos]
+        if "adapter" in TRAINED[predictor]:
+            for h in range(1, horizon + 1):
+                if pos + h < len(layers):
+                    name = f"adapter.{layer.index}.{h}"
+                    a, b, losses[name] = train_adapter(layers[pos + h].router, t["x"].float(), trace[pos + h]["logits"],
+                                                       rank, epochs, lr, desc=_bar("adapter", layer, layers[pos + h]))
+                    tensors[f"{name}.A"], tensors[f"{name}.B"] = a, b
+        if "estimator" in TRAINED[predictor]:
+            with torch.no_grad():
+                q = quasi.quasi_state(_layer_state(trace, pos)).float()
+            params, losses[f"estimator.{layer.index}"] = train_estimator(
+                q, trace[pos + 1]["logits"], hidden, epochs, lr, desc=_bar("estimator", layer, layers[pos + 1]))
+            for name, value in zip(("w1", "b1", "w2", "b2"), params):
+                tensors[f"estimator.{layer.index}.{name}"] = value
+    return losses
+
+
+def _bar(predictor: str, layer, target) -> str:
+    return f"training {predictor} layer {layer.index}->{target.index}"
+
+
+def recalls(layers, family, artifact, trace, predictor: str, horizon: int) -> dict[str, dict[str, float]]:
+    """Recall@K per target layer of every predictor the artifact serves (the trained ones included, measured on
+    the tokens they were fitted to), one step ahead; adapters trained two steps ahead also as `adapter_h2`."""
+    served = {"gate": (GatePredictor, 1), "quasi": (QuasiPredictor, 1), "frequency": (FrequencyPredictor, 1)}
+    if "adapter" in TRAINED[predictor]:
+        served["adapter"] = (AdapterPredictor, 1)
+        if horizon > 1:
+            served["adapter_h2"] = (AdapterPredictor, 2)
+    if "estimator" in TRAINED[predictor]:
+        served["estimator"] = (EstimatorPredictor, 1)
+    out = {}
+    for name, (kind, h) in served.items():
+        made = kind(layers, family, artifact)
+        with torch.no_grad():  # keys are strings, as they come back from the artifact's JSON metadata
+            out[name] = {str(layers[pos + h].index): recall(made.scores(_layer_state(trace, pos), h),
+                                                            trace[pos + h]["ids"]) for pos in range(len(layers) - h)}
+    return out
 
 
 def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: int = 1, hidden: int = 64,
@@ -113,41 +165,18 @@ def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: i
         raise ValueError(f"cannot calibrate predictor={predictor!r}: use one of {', '.join(TRAINED)}")
     layers, family = arch.sparse_layers(model), arch.family_of(model)
     trace = collect(model, layers, batches)
-    tensors, meta, losses = {}, {}, {}
+    tensors, meta = {}, {}
     for pos, layer in enumerate(layers):
         tensors[f"default_vectors.{layer.index}"] = default_vectors(layer, trace[pos])
         tensors[f"frequency.{layer.index}"] = torch.bincount(trace[pos]["ids"].reshape(-1),
                                                              minlength=layer.num_experts).float()
     artifact = Artifact(tensors, meta)
-    quasi, gate = QuasiPredictor(layers, family, artifact), GatePredictor(layers, family, artifact)
-    recalls = {"gate": {}, "quasi": {}}
-    for pos, layer in enumerate(layers[:-1]):
-        t = trace[pos]
-        state = LayerState(pos, t["x"], t["residual"], t["ids"], t["weights"])
-        target = layers[pos + 1]
-        with torch.no_grad():
-            q = quasi.quasi_state(state).float()
-            # keys are strings, as they come back from the artifact's JSON metadata
-            recalls["gate"][str(target.index)] = recall(gate.scores(state, 1), trace[pos + 1]["ids"])
-            recalls["quasi"][str(target.index)] = recall(quasi.scores(state, 1), trace[pos + 1]["ids"])
-        if "adapter" in TRAINED[predictor]:
-            for h in range(1, horizon + 1):
-                if pos + h < len(layers):
-                    name = f"adapter.{layer.index}.{h}"
-                    a, b, losses[name] = train_adapter(layers[pos + h].router, t["x"].float(),
-                                                       trace[pos + h]["logits"], rank, epochs, lr)
-                    tensors[f"{name}.A"], tensors[f"{name}.B"] = a, b
-        if "estimator" in TRAINED[predictor]:
-            params, losses[f"estimator.{layer.index}"] = train_estimator(q, trace[pos + 1]["logits"], hidden,
-                                                                          epochs, lr)
-            for name, value in zip(("w1", "b1", "w2", "b2"), params):
-                tensors[f"estimator.{layer.index}.{name}"] = value
+    losses = train(layers, family, artifact, trace, predictor, rank, horizon, hidden, epochs, lr)
     meta.update(fingerprint=fingerprint(model, layers), model=model.config._name_or_path or model.config.model_type,
                 model_type=arch.model_type(model), predictor=predictor, rank=rank, horizon=horizon, hidden=hidden,
                 layers=[l.index for l in layers], tokens=int(trace[0]["x"].shape[0]), final_loss=losses,
-                recall=recalls)
+                recall=recalls(layers, family, artifact, trace, predictor, horizon))
     return artifact
-
 
 
 def calibration_texts(data: str | None, limit: int) -> list[str]:

@@ -119,7 +119,8 @@ def _per_document_engine(samples: pd.DataFrame) -> pd.DataFrame:
     columns = [c for c in ENGINE_COLUMNS if c in samples and samples[c].notna().any()]
     if not columns:
         return pd.DataFrame(columns=["task", "doc_id"])
-    return samples.groupby(["task", "doc_id"], as_index=False)[columns].first()
+    carrying = samples.dropna(subset=columns, how="all")  # loglikelihood tasks carry none: they compare whole-run
+    return carrying.groupby(["task", "doc_id"], as_index=False)[columns].first()
 
 
 def engine_deltas(samples_a, samples_b, engine_a, engine_b) -> pd.DataFrame:

@@ -51,8 +51,23 @@ def sample_rows(entries: list[dict]) -> list[dict]:
                          "prediction": prediction, "target": target, "response": generated_text(entry),
                          # set by evalsuite eval on runs compared with a resident reference
                          "first_divergence": entry.get("first_divergence"),
-                         "identical_share": entry.get("identical_share")})
+                         "identical_share": entry.get("identical_share"),
+                         **sample_engine_columns(entry.get("engine"))})
     return rows
+
+
+def sample_engine_columns(engine: dict | None) -> dict:
+    """A logged sample's engine metrics (evalsuite.lm.add_engine_metrics puts them under sample["engine"]) as
+    samples columns: recall@k at the smallest k (the router's top-K by default) with its per-layer values."""
+    if not engine:
+        return {}
+    recall = engine.get("recall") or {}
+    k = min(recall, key=int, default=None)
+    at_k = recall[k] if k is not None else {}
+    return {"recall_at_k": at_k.get("mean"), "k": _int(k),
+            "recall_per_layer": {str(layer): value for layer, value in (at_k.get("layers") or {}).items()} or None,
+            "hit_rate": engine.get("hit_rate"), "bytes_transferred": engine.get("bytes_transferred"),
+            "tpot_ms": engine.get("tpot_ms")}
 
 
 def generated_text(entry: dict) -> str | None:

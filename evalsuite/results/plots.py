@@ -256,3 +256,58 @@ def hit_rate_vs_capacity_figure(summary: pd.DataFrame):
 
 def hit_rate_vs_capacity(summary: pd.DataFrame, path: str) -> str | None:
     return _save(hit_rate_vs_capacity_figure(summary), path)
+
+
+# ---- accuracy vs per-sample recall -------------------------------------------------------------------------------
+RECALL_BINS = np.linspace(0.0, 1.0, 11)  # recall@k in tenths
+THIN_BIN = 5  # a bin with fewer samples is drawn with an open marker: its share is mostly noise
+
+
+def accuracy_vs_recall_figure(samples: pd.DataFrame):
+    """`samples`: one row per scored sample with its run's model, mode and predictor, its own `recall_at_k` (at
+    `k`) and whether it was `correct`. One line per model, mode and predictor over the samples' recall bins: the
+    share correct (top) and how many samples each bin holds (bottom, so a thin bin reads as one)."""
+    data = samples.dropna(subset=["recall_at_k", "correct"])
+    if data.empty:
+        return "accuracy vs per-sample recall: no sample has both its own recall@k and a right/wrong score"
+    keys = ["mode", "predictor"]
+    data = data.assign(**{c: data[c].map(_label) for c in keys + ["model"]},
+                       bin=pd.cut(data["recall_at_k"].clip(0, 1), RECALL_BINS, include_lowest=True),
+                       correct=data["correct"].astype(float))
+    ks = sorted({int(k) for k in data["k"].dropna()})
+    models = sorted(data["model"].unique())
+    settings = sorted(data.groupby(keys).groups)
+    colors = {s: plt.cm.tab10(i % 10) for i, s in enumerate(settings)}
+    fig, axes = plt.subplots(2, len(models), figsize=(5.0 * len(models) + 2.6, 6.2), squeeze=False, sharex=True,
+                             height_ratios=(3, 1.3), layout="constrained", dpi=DPI)
+    centres = (RECALL_BINS[:-1] + RECALL_BINS[1:]) / 2
+    for c, model in enumerate(models):
+        top, bottom = axes[0][c], axes[1][c]
+        for setting, group in data[data["model"] == model].groupby(keys, sort=True):
+            per_bin = group.groupby("bin", observed=False)["correct"].agg(["mean", "size"])
+            color, marker = colors[setting], MARKERS[settings.index(setting) % len(MARKERS)]
+            sizes, shares = per_bin["size"].to_numpy(), per_bin["mean"].to_numpy()
+            shown, thin = sizes > 0, (sizes > 0) & (sizes < THIN_BIN)
+            top.plot(centres[shown], shares[shown], color=color)
+            top.scatter(centres[shown & ~thin], shares[shown & ~thin], color=color, marker=marker, zorder=3)
+            top.scatter(centres[thin], shares[thin], facecolors="white", edgecolors=color, marker=marker, zorder=3)
+            bottom.plot(centres[shown], sizes[shown], color=color, marker=marker)
+        top.set(title=model, ylabel="share of samples correct", ylim=(-0.03, 1.03), xlim=(0, 1))
+        bottom.set(xlabel=f"the sample's own recall@{'/'.join(map(str, ks)) or 'k'} (bins of 0.1)",
+                   ylabel="samples in the bin")
+        bottom.yaxis.set_major_locator(MaxNLocator(integer=True))
+        bottom.set_ylim(bottom=0)
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=colors[s], marker=MARKERS[i % len(MARKERS)], label=" / ".join(s))
+               for i, s in enumerate(settings)]
+    handles.append(plt.Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="",
+                              label=f"open: < {THIN_BIN} samples in the bin"))
+    fig.legend(handles=handles, fontsize=8, loc="outside right center", title="mode / predictor", title_fontsize=8)
+    _title(fig, "Share of samples correct vs each sample's own recall@k (recall: mean over its decode tokens and "
+                "target layers; samples of every task and run of a mode and predictor pooled per bin)")
+    return fig
+
+
+def accuracy_vs_recall(samples: pd.DataFrame, path: str) -> str | None:
+    return _save(accuracy_vs_recall_figure(samples), path)

@@ -42,6 +42,15 @@ def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.Dat
     return table.reset_index().rename(columns={"index": "id"})
 
 
+def main_metric_samples(samples: pd.DataFrame, task_metrics: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """The samples scored under each (run, task)'s main metric and filter, with their run's labels."""
+    keys = ["run_id", "task", "metric", "filter"]
+    if samples.empty or task_metrics.empty:
+        return labels.iloc[:0].assign(recall_at_k=[], k=[], correct=[])
+    main = main_metrics(task_metrics)[keys].fillna({"filter": "none"})
+    return labels.merge(samples.fillna({"filter": "none"}).merge(main, on=keys), on="run_id")
+
+
 def sweep_runs(runs: pd.DataFrame, sweep: str) -> pd.DataFrame:
     """The runs a sweep (evalsuite.sweep) stored: their configuration names the sweep."""
     return runs[runs["config"].map(lambda c: stored_config(c).get("sweep") == sweep)] if not runs.empty else runs
@@ -85,9 +94,11 @@ def report(db, out_dir: str = os.path.join("results", "report"), sweep: str | No
     for name, frame in tables.items():
         frame.to_csv(os.path.join(out_dir, f"{name}.csv"), index=False)
     layers = tables["engine_metrics"][tables["engine_metrics"]["layer"].notna()]
+    scored = main_metric_samples(db.samples(ids), task_metrics, labels)
     drawn, notes = [], []
     for name, title, draw, data in (
             ("accuracy_vs_tpot.png", "Accuracy vs TPOT", plots.accuracy_vs_tpot, tables["summary"]),
+            ("accuracy_vs_recall.png", "Share correct vs per-sample recall@K", plots.accuracy_vs_recall, scored),
             ("recall_per_layer.png", "Recall@K per layer and predictor", plots.recall_heatmap, layers),
             ("hit_rate_vs_capacity.png", "Hit rate vs cache capacity", plots.hit_rate_vs_capacity, tables["summary"])):
         note = draw(data, os.path.join(out_dir, name))

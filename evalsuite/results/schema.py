@@ -4,9 +4,10 @@ Version 1 had runs, task_metrics, engine_metrics and samples without writer trac
 writer's pid/host/start token and a heartbeat to runs (so a dead writer's run reads 'incomplete'), the
 metric/filter a sample score belongs to, and lookup indexes; version 3 added a run's `uid` (names its lm-eval
 JSON files), the `error` a failed run ended with, and each sample's raw generated `response` (what a resumed
-run compares later modes with). A new database is created at the latest
-version directly; an existing one runs every migration above its stored version, in order, in one
-transaction.
+run compares later modes with); version 4 added each sample's own engine metrics (recall@k and its per-layer
+values, hit rate, bytes transferred, TPOT), so correctness can be read against recall. A new database is
+created at the latest version directly; an existing one runs every migration above its stored version, in
+order, in one transaction.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integ
                         select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-LATEST_VERSION = 3
+LATEST_VERSION = 4
 RUN_STATUSES = ("running", "complete", "incomplete", "failed")
 
 
@@ -110,6 +111,13 @@ class Sample(Base):
     filter: Mapped[str | None] = mapped_column(String(128))
     # version 3: the raw generated text (before filters), for comparing modes sample by sample
     response: Mapped[str | None] = mapped_column(Text)
+    # version 4: the engine's numbers for this document alone (generated samples of the lm-eval adapters)
+    recall_at_k: Mapped[float | None] = mapped_column(Float)  # mean over target layers, at the smallest k
+    k: Mapped[int | None] = mapped_column(Integer)
+    recall_per_layer: Mapped[dict | None] = mapped_column(JSON)  # {layer: recall@k}, at that k
+    hit_rate: Mapped[float | None] = mapped_column(Float)
+    bytes_transferred: Mapped[float | None] = mapped_column(Float)  # a batch's bytes shared among its rows
+    tpot_ms: Mapped[float | None] = mapped_column(Float)
     __table_args__ = (Index("ix_samples_run_task", "run_id", "task"),)
 
 
@@ -133,8 +141,15 @@ def _v2_to_v3(conn) -> None:
     conn.execute(text("ALTER TABLE samples ADD COLUMN response TEXT"))
 
 
+def _v3_to_v4(conn) -> None:
+    # samples stored earlier keep these NULL: compare then falls back to whole-run engine metrics
+    for column, sql_type in (("recall_at_k", "FLOAT"), ("k", "INTEGER"), ("recall_per_layer", "JSON"),
+                             ("hit_rate", "FLOAT"), ("bytes_transferred", "FLOAT"), ("tpot_ms", "FLOAT")):
+        conn.execute(text(f"ALTER TABLE samples ADD COLUMN {column} {sql_type}"))
+
+
 # (version reached, function): applied in order to every database below that version
-MIGRATIONS = [(2, _v1_to_v2), (3, _v2_to_v3)]
+MIGRATIONS = [(2, _v1_to_v2), (3, _v2_to_v3), (4, _v3_to_v4)]
 
 
 def migrate(conn) -> int:

@@ -16,7 +16,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pandas as pd
-from sqlalchemy import create_engine, delete, insert, select, update
+from sqlalchemy import JSON, create_engine, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
 from . import provenance
@@ -28,6 +28,9 @@ _WRITER_COLUMNS = ("writer_pid", "writer_host", "writer_start", "heartbeat_at")
 RUN_COLUMNS = [c.name for c in Run.__table__.columns if c.name not in ("id", "config", *_WRITER_COLUMNS)]
 _ROW_COLUMNS = {table: {c.name for c in table.__table__.columns} - {"id", "run_id", "task"}
                 for table in (TaskMetric, EngineMetric, Sample)}
+# JSON columns take the value itself (the column type writes the JSON); others take plain scalars
+_JSON_COLUMNS = {table: {c.name for c in table.__table__.columns if isinstance(c.type, JSON)}
+                 for table in _ROW_COLUMNS}
 
 
 def error_line(exc: BaseException) -> str:
@@ -272,4 +275,5 @@ def _checked(table, rows: list[dict]) -> list[dict]:
             raise ValueError(f"{table.__tablename__} has no column {', '.join(sorted(unknown))}; "
                              f"columns: {', '.join(sorted(allowed))}")
     used = sorted({k for row in rows for k in row} - {"task", "run_id"})  # one key set for executemany
-    return [{k: _plain(row.get(k)) for k in used} for row in rows]
+    as_json = _JSON_COLUMNS[table]
+    return [{k: json_ready(row.get(k)) if k in as_json else _plain(row.get(k)) for k in used} for row in rows]
