@@ -102,3 +102,22 @@ def test_oracles_cannot_be_shadows():
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with pytest.raises(ValueError, match="shadows=.*must be a list of predictors among"):
         evalsuite.offload(model, mode="resident", shadows=["oracle"])
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("mode,predictor", [("speculative", "quasi"), ("hybrid", "hybrid")])
+def test_speculating_with_every_expert_kept_in_the_model_gives_the_offloaded_tokens(model_type, mode, predictor):
+    model = copy.deepcopy(reference_model(model_type))
+    ids, mask = batch(3)
+    out = {}
+    for keep in (False, True):
+        engine = evalsuite.offload(model, mode=mode, predictor=predictor, artifact=artifact_for(model_type),
+                                   cache_capacity=0.5, keep_experts=keep)
+        with torch.no_grad():
+            out[keep] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                                       output_logits=True, return_dict_in_generate=True)
+        moved = engine.stats()["bytes_transferred"]
+        engine.close()
+        assert (moved == 0) == keep  # kept in the model, nothing moves
+    assert torch.equal(out[True].sequences, out[False].sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out[True].logits, out[False].logits))

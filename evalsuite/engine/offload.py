@@ -78,6 +78,9 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     shadows         predictors scored beside the run without acting (any mode; one layer ahead):
                     recall@k per sample and the routing per sequence, batched rows included
                     (evalsuite.engine.shadows): `take_shadows()`.
+    keep_experts    every expert stays in the model (nothing offloaded, no cache, no link): a speculative
+                    or hybrid engine then substitutes experts with the model's own kernel, for
+                    accuracy alone (its decisions are per token, so the cache changes no token).
     trace           record the routing of batch-1 decode steps (native, executed and predicted
                     experts per sparse layer; see evalsuite.engine.trace): `routing_trace()`.
     Bad options raise ValueError before the model is touched.
@@ -91,12 +94,13 @@ class Engine(ExpertFetching):
     def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
                  link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
                  predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
-                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, shadows=(), device=None):
+                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, shadows=(), keep_experts=False,
+                 device=None):
         check_options(mode=mode, cache_capacity=cache_capacity, cache_policy=cache_policy, cache_pools=cache_pools,
                       link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
                       horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
                       drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
-                      trace=trace, shadows=shadows, **({} if device is None else {"device": device}))
+                      trace=trace, shadows=shadows, keep_experts=keep_experts, **({} if device is None else {"device": device}))
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
         self.model, self.mode = model, mode
@@ -128,7 +132,8 @@ class Engine(ExpertFetching):
                                                    drift_threshold)
         shadow_predictors = {name: self._build_predictor(name, predictor_path, artifact, 1, drift_layers,
                                                          drift_threshold) for name in shadows}
-        if MODES[mode].offloads:  # the last step that can fail on bad input, the first that changes the model
+        offloads = MODES[mode].offloads and not keep_experts
+        if offloads:  # the last step that can fail on bad input, the first that changes the model
             self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
@@ -145,7 +150,7 @@ class Engine(ExpertFetching):
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
             self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget)
         if predictor is not None:
-            scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts else None
+            scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts and offloads else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
                                            preserve_layers, scheduler)
         if self.shadows is not None:

@@ -54,6 +54,7 @@ RULES = {
                         "must be a whole number of at least 1 (experts considered per prediction)"),
     "window": (lambda v: isinstance(v, bool), "must be True or False"),
     "trace": (lambda v: isinstance(v, bool), "must be True or False"),
+    "keep_experts": (lambda v: isinstance(v, bool), "must be True or False"),
     "drift_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "must be a number in [0, 1] (a recall)"),
     "recall_k": (lambda v: v is None or (_is_list_of_whole(v, 1) and len(v) > 0),
                  "must be a list of whole numbers of at least 1, e.g. [1, 2, 4]"),

@@ -35,8 +35,8 @@ from ..results.lm_eval_rows import stored_results
 from ..results.store import error_line
 from .preflight import predictors_for
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
-from .runs import check_generation_lengths, divergence, evaluate_task, finish, generation_lengths, open_run, \
-    save_json, table_rows
+from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
+    open_run, save_json, table_rows
 
 COST_TOKENS, COST_REPEATS = 16, 3  # the cost measurement's generation
 
@@ -90,11 +90,11 @@ def run_plan(db, request, target) -> list[dict]:
         speculative = MODES[p.mode].speculates
         # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
         extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
+        if speculative:  # every expert stays in the model: its tokens do not depend on the cache
+            extra.append("keep_experts=True")
         if p.shadows and request.predictor_path and not speculative:
             extra.append(f"predictor_path={request.predictor_path}")
-        # a speculative pass keeps every expert resident on the device: its tokens do not depend on the cache
-        lm, args = load_adapter(request, target, p.mode, p.predictor, cache_capacity="all" if speculative else None,
-                                link=None, extra=",".join(extra))
+        lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
         runs = {}
         try:
             check_generation_lengths(request.manager, target.tasks, lm, target.name)
@@ -112,7 +112,7 @@ def run_plan(db, request, target) -> list[dict]:
             missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
             if missing:
                 if costs is None:
-                    costs = measure(lm, target, request, [chosen for q in passes for chosen in q.shadows])
+                    costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows])
                 timing.warm_up(lm.model, target.tokenizer, lm.engine)
                 if index == 0:
                     request.progress(estimate(lm, target, request, passes, missing))
@@ -180,6 +180,19 @@ def replayed_config(config: dict, request, mode: str, predictor: str | None, p: 
             "cache_pools": (options.get("cache_pools") or "global") if offloads else None,
             "store": (options.get("store") or "host") if offloads else None,
             "link": request.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
+
+
+_MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measured once per process
+
+
+def measured_costs(lm, target, request, predictors: list[str]) -> dict:
+    """`measure`, once per process for a model, artifact, link, device and thread count (a sweep of plans
+    replays every cell with the same costs)."""
+    key = (lm.fingerprint(), file_hash(request.predictor_path), request.link, request.device, torch.get_num_threads())
+    known = _MEASURED.get(key)
+    if known is None or not set(predictors) <= set(known):
+        _MEASURED[key] = known = measure(lm, target, request, predictors)
+    return known
 
 
 def measure(lm, target, request, predictors: list[str]):

@@ -7,6 +7,7 @@ safetensors headers: a second or two (most of it building lm-eval's task index, 
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -107,8 +108,10 @@ def check_run_options(device="cpu", dtype=None, batch_size=1, num_fewshot=None, 
     parse_gen_kwargs(gen_kwargs)
 
 
+@functools.cache
 def task_manager():
-    """lm-eval's index of its tasks and the project's (evalsuite/tasks/); building it takes a second or two."""
+    """lm-eval's index of its tasks and the project's (evalsuite/tasks/), built once per process: reading every
+    task YAML lm-eval ships takes ~10 s here, and the index does not change while a process runs."""
     from lm_eval.tasks import TaskManager
 
     from ..tasks import TASKS_DIR

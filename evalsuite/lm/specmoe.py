@@ -32,7 +32,7 @@ from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
-               "recall_k", "drift_layers", "preserve_layers", "shadows")
+               "recall_k", "drift_layers", "preserve_layers", "shadows", "keep_experts")
 # model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8, shadows=gate;quasi
 LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
 NAME_LISTS = ("shadows",)

@@ -18,10 +18,9 @@ from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
 from ..results.store import error_line
 from ..scoring.sandbox import confinement_to_use
-from ..tasks import TASKS_DIR
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
-from .preflight import check_eval, parse_gen_kwargs, predictors_for, unsafe_tasks
+from .preflight import check_eval, parse_gen_kwargs, predictors_for, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
 from .runs import (check_generation_lengths, divergence, engine_config, evaluate_task, file_hash, finish, open_run,
                    save_json, table_rows)
@@ -80,12 +79,11 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
     names its cell there). A run another live process is writing with the same configuration is waited for.
     A failed run stores its error; a task that would generate more tokens than the model's context holds is
     refused before any run is stored."""
-    from lm_eval.tasks import TaskManager
     from transformers import AutoTokenizer
 
     from ..results import ResultsDB
 
-    manager = TaskManager(include_path=TASKS_DIR)
+    manager = task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
     run_options = dict(device=device, dtype=dtype, batch_size=batch_size, num_fewshot=num_fewshot,
