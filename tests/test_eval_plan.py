@@ -5,7 +5,7 @@ from evalsuite.lm import plan
 from evalsuite.lm.plan import plan_passes
 from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
-from evalsuite.results.store import stored_config
+from evalsuite.results.database import stored_config
 
 from .helpers import shipped_model
 

@@ -8,7 +8,7 @@ import pytest
 from evalsuite.cli import main
 from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
-from evalsuite.results.store import stored_config
+from evalsuite.results.database import stored_config
 from evalsuite.scoring.sandbox import CHOICE_ENV, NO_NAMESPACES_ENV, confinement_in_force
 
 from .helpers import shipped_model

@@ -10,7 +10,7 @@ from lm_eval.tasks import TaskManager
 
 from evalsuite.lm import add_engine_metrics  # (registers specmoe)
 from evalsuite.lm import cli
-from evalsuite.results.store import stored_config
+from evalsuite.results.database import stored_config
 
 from .helpers import TASKS, shipped_model
 from .results_data import open_db

@@ -220,7 +220,7 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
                  "--predictor", "gate", "--json", str(projected)]) == 0
     by_mode = {r["mode"]: r["tpot_ms"] for r in json.loads(projected.read_text())[0]["rows"]}
     assert by_mode["speculative"] == pytest.approx(rows["speculative/gate"]["profile_tpot_ms"])
-    from evalsuite.results.store import ResultsDB
+    from evalsuite.results.database import ResultsDB
 
     with ResultsDB(str(db)) as store:
         runs = store.runs()

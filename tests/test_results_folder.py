@@ -28,4 +28,4 @@ def test_results_folder_ships_its_readme_and_ignores_what_runs_write(git_checkou
     assert not ignored("results/README.md")
     for written in ("results/results.db", "results/gate/1-tiny-resident-arith-abc.json", "results/report/index.html"):
         assert ignored(written), written
-    assert not ignored("evalsuite/results/store.py")  # the package of the same name is source
+    assert not ignored("evalsuite/results/database.py")  # the package of the same name is source

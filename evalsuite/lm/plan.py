@@ -32,7 +32,7 @@ from ..engine.shadows import routing_trace
 from ..engine.transfer import parse_link
 from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
-from ..results.store import error_line
+from ..results.database import error_line
 from .preflight import predictors_for
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import __version__, timing
 from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
-from ..results.store import error_line
+from ..results.database import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model

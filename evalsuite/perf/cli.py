@@ -29,7 +29,7 @@ def _calibrated(model_spec: str, predictors: list[str], epochs: int):
 
 
 def _db_rows(db_url, result: dict) -> int:
-    from ..results.store import ResultsDB
+    from ..results.database import ResultsDB
 
     written = 0
     with ResultsDB(db_url) as db:

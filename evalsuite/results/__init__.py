@@ -1,4 +1,4 @@
 """Results store: runs, task and engine metrics, per-sample scores; comparisons, gates and reports on them."""
-from .store import ResultsDB
+from .database import ResultsDB
 
 __all__ = ["ResultsDB"]

@@ -16,7 +16,7 @@ from sqlalchemy import insert, select, text, update
 
 from . import provenance
 from .schema import Run, TaskMetric
-from .store import json_ready, now_utc, stored_config
+from .database import json_ready, now_utc, stored_config
 
 _CLAIM_LOCK = 7230614  # pg_advisory_xact_lock key of claims (7230613 guards schema creation)
 

@@ -15,7 +15,7 @@ _LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_ca
 
 
 def _open(args):
-    from .store import ResultsDB
+    from .database import ResultsDB
 
     return ResultsDB(args.db)
 

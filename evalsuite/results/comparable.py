@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .store import stored_config
+from .database import stored_config
 
 UNKNOWN = object()
 

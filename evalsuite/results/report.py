@@ -9,7 +9,7 @@ import pandas as pd
 
 from . import plots
 from .compare import whole_model_rows
-from .store import stored_config
+from .database import stored_config
 
 # which metric stands for a task's accuracy, most preferred first; otherwise the first metric by name
 MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")

@@ -50,7 +50,7 @@ def run_cell(cell: dict, sweep_name: str, db_url: str | None, out_dir: str, conf
 def completed_cells(db, sweep_name: str) -> set[str]:
     """Keys of this sweep's cells whose run is stored complete."""
     from ..results.report import sweep_runs
-    from ..results.store import stored_config
+    from ..results.database import stored_config
 
     configs = sweep_runs(db.runs(status="complete"), sweep_name)["config"].map(stored_config)
     return {config["sweep_cell"] for config in configs if config.get("sweep_cell")}
