@@ -72,12 +72,12 @@ def test_eval_on_a_damaged_database_exits_2_before_loading_a_model(tmp_path, dam
 
 def _fill_up(db) -> None:
     """From now on the file cannot grow: SQLite's max_page_count, as a full disk would."""
-    @event.listens_for(db.engine, "connect")
+    @event.listens_for(db.sql_engine, "connect")
     def _full(dbapi_conn, _record):
         pages = dbapi_conn.execute("PRAGMA page_count").fetchone()[0]
         dbapi_conn.execute(f"PRAGMA max_page_count={pages}")
 
-    db.engine.dispose()  # pooled connections reconnect with the limit
+    db.sql_engine.dispose()  # pooled connections reconnect with the limit
 
 
 def test_a_full_disk_stops_a_write_in_one_line_and_keeps_what_was_stored(tmp_path):

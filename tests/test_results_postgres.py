@@ -37,7 +37,7 @@ def postgres_url():
 
 def test_round_trip_of_runs_metrics_samples_and_engine_rows(postgres_url):
     db = ResultsDB(postgres_url)
-    assert db.engine.dialect.name == "postgresql" and db.schema_version_found == 0
+    assert db.sql_engine.dialect.name == "postgresql" and db.schema_version_found == 0
     base = make_run(db, mode="resident", correct=[1] * 12 + [0] * 3, tpot_ms=9.0, layer_recall=None)
     spec = make_run(db, mode="speculative", predictor="quasi", correct=[1] * 10 + [0] * 5, tpot_ms=6.5,
                     recall=0.9, layer_recall=[0.95, 0.85])

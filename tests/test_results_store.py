@@ -36,16 +36,16 @@ INSERT INTO samples (run_id, task, doc_id, score, correct, prediction, target) V
 
 
 def _version(db):
-    with db.engine.connect() as conn:
+    with db.sql_engine.connect() as conn:
         return conn.execute(text("SELECT version FROM schema_version")).scalar()
 
 
 def test_new_database_has_every_table_at_the_latest_version(tmp_path):
     db = open_db(tmp_path)
-    names = set(inspect(db.engine).get_table_names())
+    names = set(inspect(db.sql_engine).get_table_names())
     assert {"schema_version", "runs", "task_metrics", "engine_metrics", "samples"} <= names
     assert _version(db) == LATEST_VERSION and db.schema_version_found == 0
-    with db.engine.connect() as conn:
+    with db.sql_engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
@@ -55,9 +55,9 @@ def test_v1_database_upgrades_in_place_keeping_its_runs(tmp_path):
         conn.executescript(V1_SCHEMA)
     db = ResultsDB(f"sqlite:///{path}")
     assert db.schema_version_found == 1 and _version(db) == LATEST_VERSION
-    columns = {c["name"] for c in inspect(db.engine).get_columns("runs")}
+    columns = {c["name"] for c in inspect(db.sql_engine).get_columns("runs")}
     assert {"writer_pid", "writer_host", "heartbeat_at", "error", "uid"} <= columns
-    assert {"metric", "filter", "response"} <= {c["name"] for c in inspect(db.engine).get_columns("samples")}
+    assert {"metric", "filter", "response"} <= {c["name"] for c in inspect(db.sql_engine).get_columns("samples")}
     old = db.run(1)
     assert (old["model"], old["status"], old["started_at"]) == ("old-model", "complete", datetime(2025, 1, 2, 3, 4, 5))
     assert db.task_metrics([1])["value"].tolist() == [0.75]
@@ -155,7 +155,7 @@ def test_bad_rows_and_ids_are_refused(tmp_path):
 def test_a_run_on_another_host_goes_incomplete_when_its_heartbeat_is_old(tmp_path):
     db = open_db(tmp_path)
     quiet, recent, mine = db.start_run({}), db.start_run({}), db.start_run({})
-    with db.engine.begin() as conn:
+    with db.sql_engine.begin() as conn:
         conn.execute(text("UPDATE runs SET writer_host = 'elsewhere', heartbeat_at = :t WHERE id = :id"),
                      {"t": datetime.utcnow() - timedelta(days=2), "id": quiet})
         conn.execute(text("UPDATE runs SET writer_host = 'elsewhere' WHERE id = :id"), {"id": recent})

@@ -48,8 +48,8 @@ def resolve_url(url: str | None):
     return parsed
 
 
-def sqlite_setup(engine) -> None:
-    @event.listens_for(engine, "connect")
+def sqlite_setup(sql_engine) -> None:
+    @event.listens_for(sql_engine, "connect")
     def _connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # SQLAlchemy's begin event below issues BEGIN itself
         cursor = dbapi_conn.cursor()
@@ -57,7 +57,7 @@ def sqlite_setup(engine) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
+    @event.listens_for(sql_engine, "begin")
     def _begin(conn):
         # take the write lock up front: a read lock upgraded later can fail at once instead of waiting
         conn.exec_driver_sql("BEGIN IMMEDIATE")

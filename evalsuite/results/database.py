@@ -68,11 +68,11 @@ class ResultsDB:
         self.url, self.stale_after_s = shown(parsed), stale_after_s
         try:
             if parsed.get_backend_name() == "sqlite":
-                self.engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
-                sqlite_setup(self.engine)
+                self.sql_engine = create_engine(parsed, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+                sqlite_setup(self.sql_engine)
             else:
                 connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
-                self.engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+                self.sql_engine = create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
             if parsed.get_backend_name() == "sqlite":
                 self._write(lambda conn: check_sqlite_file(conn, self.url))
             self.schema_version_found = self._write(migrate)
@@ -90,7 +90,7 @@ class ResultsDB:
     def _use_wal(self) -> None:
         """Readers and a writer at once. The mode is stored in the file, so it is set once, and only on a
         database that opened as ours (a refused file stays byte for byte as it was)."""
-        raw = self.engine.raw_connection()
+        raw = self.sql_engine.raw_connection()
         try:
             cursor = raw.cursor()
             for _ in range(50):  # another process may hold the file while switching it itself
@@ -107,7 +107,7 @@ class ResultsDB:
             raw.close()
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.sql_engine.dispose()
 
     def __enter__(self):
         return self
@@ -121,7 +121,7 @@ class ResultsDB:
         meets a full disk is rolled back whole and reported in one line."""
         for attempt in range(attempts):
             try:
-                with self.engine.begin() as conn:
+                with self.sql_engine.begin() as conn:
                     return work(conn)
             except (DBAPIError, OSError) as exc:
                 if disk_full(exc):
@@ -206,7 +206,7 @@ class ResultsDB:
         """Mark 'running' runs whose writer is dead (or silent for stale_after_s) 'incomplete'; returns their ids."""
         here = provenance.host()
         cutoff = now_utc() - timedelta(seconds=self.stale_after_s)
-        with self.engine.connect() as conn:
+        with self.sql_engine.connect() as conn:
             running = conn.execute(select(Run.id, Run.writer_pid, Run.writer_host, Run.writer_start,
                                           Run.heartbeat_at, Run.started_at).where(Run.status == "running")).all()
         stale = [run.id for run in running if _writer_gone(run, here, cutoff)]
@@ -222,7 +222,7 @@ class ResultsDB:
 
     # ---- reading -------------------------------------------------------------------------------
     def _frame(self, statement) -> pd.DataFrame:
-        with self.engine.connect() as conn:
+        with self.sql_engine.connect() as conn:
             return pd.read_sql(statement, conn)
 
     def runs(self, status: str | None = None) -> pd.DataFrame:

@@ -68,7 +68,7 @@ def run_sweep(sweep: Sweep, db_url: str | None = None, ray_address: str | None =
 
     db_url = db_url or sweep.db
     with ResultsDB(db_url) as db:  # a bad URL fails here, before any cell starts
-        backend, url = db.engine.url.get_backend_name(), db.engine.url
+        backend, url = db.sql_engine.url.get_backend_name(), db.sql_engine.url
         done = completed_cells(db, sweep.name)
     if ray_address not in (None, *LOCAL_RAY) and backend == "sqlite":
         raise ValueError("cells on a Ray cluster write to one shared database: pass a PostgreSQL URL "
