@@ -20,7 +20,7 @@ import torch
 import evalsuite
 from evalsuite.engine.arch import sparse_layers
 from evalsuite.zoo.tiny import tiny_model
-from evalsuite.engine.transfer import LINKS, TransferEngine, parse_link
+from evalsuite.engine.transfer import LINKS, TransferWorker, parse_link
 
 
 class RowStore:
@@ -46,12 +46,12 @@ def link_accuracy(repeats: int) -> None:
         nominal = count * link.seconds(expert.nbytes)
         measured = []
         for _ in range(repeats):
-            engine = TransferEngine(RowStore({i: expert for i in range(count)}), torch.device("cpu"), link)
+            worker = TransferWorker(RowStore({i: expert for i in range(count)}), torch.device("cpu"), link)
             t0 = time.perf_counter()
-            for t in [engine.submit(i, dst[i]) for i in range(count)]:
+            for t in [worker.submit(i, dst[i]) for i in range(count)]:
                 t.wait(timeout=60)
             measured.append(time.perf_counter() - t0)
-            engine.close()
+            worker.close()
         m = statistics.median(measured)
         print(f"{name:<12}{link.bandwidth / 1e9:>8.2f}{count * expert.nbytes / 1e6:>10.1f}{nominal * 1e3:>12.2f}"
               f"{m * 1e3:>13.2f}{m / nominal:>8.3f}")

@@ -14,7 +14,7 @@ import torch
 import evalsuite
 from evalsuite.engine.cache import ExpertCache
 from evalsuite.engine.copies import LateCopies
-from evalsuite.engine.transfer import Transfer, TransferEngine
+from evalsuite.engine.transfer import Transfer, TransferWorker
 
 from .helpers import batch, reference_model
 from .test_exactness import run
@@ -26,13 +26,13 @@ DELAY_S = 0.001  # per chunk, on the late thread
 
 @pytest.fixture(params=[None, 8192], ids=["whole", "chunked"])
 def late_copies(request, monkeypatch):
-    """Every engine built in the test copies through LateCopies (whole experts, or 8 KiB chunks)."""
+    """Every transfer worker built in the test copies through LateCopies (whole experts, or 8 KiB chunks)."""
     chunk_bytes = request.param
 
-    def late_engine(store, device, link=None, timeout_s=60.0):
-        return TransferEngine(store, device, link, timeout_s, chunk_bytes=chunk_bytes, copies=LateCopies(DELAY_S))
+    def late_worker(store, device, link=None, timeout_s=60.0):
+        return TransferWorker(store, device, link, timeout_s, chunk_bytes=chunk_bytes, copies=LateCopies(DELAY_S))
 
-    monkeypatch.setattr(offload_module, "TransferEngine", late_engine)
+    monkeypatch.setattr(offload_module, "TransferWorker", late_worker)
 
 
 MODES = {
@@ -106,8 +106,8 @@ def drop_when_issued(self, key) -> bool:
 def scanned_then_used(monkeypatch):
     """Prefetch four experts over a deep, slow late link, run a victim scan that meets them in
     flight (they are protected, so it only looks), then use them: which slots held stale data?"""
-    monkeypatch.setattr(offload_module, "TransferEngine", lambda store, device, link=None, timeout_s=60.0:
-                        TransferEngine(store, device, link, timeout_s, copies=LateCopies(0.05, depth=64)))
+    monkeypatch.setattr(offload_module, "TransferWorker", lambda store, device, link=None, timeout_s=60.0:
+                        TransferWorker(store, device, link, timeout_s, copies=LateCopies(0.05, depth=64)))
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with evalsuite.offload(model, cache_capacity=4) as engine:
         layer = engine.layers[0].index

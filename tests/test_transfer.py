@@ -10,7 +10,7 @@ import torch
 import evalsuite
 from evalsuite.engine.copies import HostCopies, LateCopies
 from evalsuite.engine.store import HostStore
-from evalsuite.engine.transfer import LINKS, Link, TransferCancelled, TransferEngine, TransferError, parse_link
+from evalsuite.engine.transfer import LINKS, Link, TransferCancelled, TransferWorker, TransferError, parse_link
 
 from .helpers import reference_model
 
@@ -44,35 +44,35 @@ def test_bad_link_is_rejected(spec):
 
 def test_copies_land_and_emulated_link_holds_each_transfer():
     rows = {k: torch.full((250_000,), float(k)) for k in range(3)}  # 1 MB each
-    engine = TransferEngine(DictStore(rows), torch.device("cpu"), Link("slow", 0.1e9, 0.0))
+    worker = TransferWorker(DictStore(rows), torch.device("cpu"), Link("slow", 0.1e9, 0.0))
     dst = torch.zeros(3, 250_000)
     start = time.perf_counter()
-    transfers = [engine.submit(k, dst[k]) for k in range(3)]
+    transfers = [worker.submit(k, dst[k]) for k in range(3)]
     for t in transfers:
         t.wait(timeout=10)
     elapsed = time.perf_counter() - start
-    engine.close()
+    worker.close()
     assert all(torch.equal(dst[k], rows[k]) for k in range(3))
     assert elapsed >= 3 * 0.01  # a serial 0.1 GB/s link needs 10 ms per megabyte
 
 
 def test_failed_transfer_raises_at_wait():
-    engine = TransferEngine(DictStore({0: torch.ones(4)}, fail={0}), torch.device("cpu"))
-    transfer = engine.submit(0, torch.zeros(4))
+    worker = TransferWorker(DictStore({0: torch.ones(4)}, fail={0}), torch.device("cpu"))
+    transfer = worker.submit(0, torch.zeros(4))
     with pytest.raises(TransferError, match="read error"):
         transfer.wait(timeout=5)
-    engine.close()
+    worker.close()
 
 
 def test_hanging_transfer_times_out():
     gate = threading.Event()
-    engine = TransferEngine(DictStore({0: torch.ones(4)}, block=gate), torch.device("cpu"), timeout_s=1)
-    transfer = engine.submit(0, torch.zeros(4))
+    worker = TransferWorker(DictStore({0: torch.ones(4)}, block=gate), torch.device("cpu"), timeout_s=1)
+    transfer = worker.submit(0, torch.zeros(4))
     with pytest.raises(TransferError, match="did not finish within 0.2 s"):
         transfer.wait(timeout=0.2)
     gate.set()
     transfer.wait(timeout=5)
-    engine.close()
+    worker.close()
 
 
 def test_demand_loads_overtake_queued_prefetches():
@@ -84,14 +84,14 @@ def test_demand_loads_overtake_queued_prefetches():
             served.append(key)
 
     rows = {k: torch.ones(4) for k in "xpd"}
-    engine = TransferEngine(Recording(rows, block=gate), torch.device("cpu"))
-    first = engine.submit("x", torch.zeros(4))  # occupies the worker until the gate opens
-    prefetch = engine.submit("p", torch.zeros(4), prefetch=True)
-    demand = engine.submit("d", torch.zeros(4))
+    worker = TransferWorker(Recording(rows, block=gate), torch.device("cpu"))
+    first = worker.submit("x", torch.zeros(4))  # occupies the worker until the gate opens
+    prefetch = worker.submit("p", torch.zeros(4), prefetch=True)
+    demand = worker.submit("d", torch.zeros(4))
     gate.set()
     for t in (first, prefetch, demand):
         t.wait(timeout=5)
-    engine.close()
+    worker.close()
     assert served == ["x", "d", "p"]
 
 
@@ -130,57 +130,57 @@ class CountingCopies(HostCopies):
 
 def slow_link(rows, **kwargs):
     copies = CountingCopies()
-    return TransferEngine(RowStore(rows), torch.device("cpu"), SLOW, copies=copies, **kwargs), copies
+    return TransferWorker(RowStore(rows), torch.device("cpu"), SLOW, copies=copies, **kwargs), copies
 
 
 def test_a_demand_load_preempts_an_in_flight_prefetch_which_resumes():
     rows = {"p": torch.rand(BIG), "d": torch.rand(SMALL)}
-    engine, copies = slow_link(rows)
+    worker, copies = slow_link(rows)
     dst = {k: torch.zeros_like(v) for k, v in rows.items()}
-    prefetch = engine.submit("p", dst["p"], prefetch=True)
+    prefetch = worker.submit("p", dst["p"], prefetch=True)
     time.sleep(0.01)  # the prefetch is moving
     start = time.perf_counter()
-    demand = engine.submit("d", dst["d"])
+    demand = worker.submit("d", dst["d"])
     demand.wait(timeout=10)
     demand_s = time.perf_counter() - start
     assert not prefetch.done.is_set()
     prefetch.wait(timeout=10)
-    engine.close()
+    worker.close()
     assert demand_s < 0.04  # ~1 ms behind the prefetch's chunk + 1 ms of its own, not ~90 ms
     assert torch.equal(dst["p"], rows["p"]) and torch.equal(dst["d"], rows["d"])
     assert copies.moved == BIG + SMALL  # resumed where it stopped, never restarted
-    assert engine.pending() == 0 and engine.busy_s >= 0.1  # both moved in full
+    assert worker.pending() == 0 and worker.busy_s >= 0.1  # both moved in full
 
 
 def test_a_cancelled_prefetch_never_lands_and_never_writes_later():
     rows = {"p": torch.rand(BIG), "q": torch.rand(SMALL)}
-    engine, copies = slow_link(rows)
+    worker, copies = slow_link(rows)
     dst = torch.zeros(BIG)
-    moving = engine.submit("p", dst, prefetch=True)
-    queued = engine.submit("q", torch.zeros(SMALL), prefetch=True)
+    moving = worker.submit("p", dst, prefetch=True)
+    queued = worker.submit("q", torch.zeros(SMALL), prefetch=True)
     time.sleep(0.02)
-    assert engine.cancel(queued) and engine.cancel(moving)
+    assert worker.cancel(queued) and worker.cancel(moving)
     assert moving.done.wait(1) and queued.done.is_set() and not moving.landed()
     dst.fill_(-1.0)  # the caller gave the slot to someone else
     time.sleep(0.15)  # longer than the whole copy would have taken
-    engine.close()
+    worker.close()
     assert torch.equal(dst, torch.full((BIG,), -1.0))
     with pytest.raises(TransferCancelled, match="cancelled"):
         moving.wait(timeout=1)
     assert 0 < copies.moved < BIG // 2  # only the chunks moved before the cancel, none of the queued one
     moved_s = copies.moved * 4 / SLOW.bandwidth
-    assert 0.9 * moved_s <= engine.busy_s < moved_s + 0.05  # the link's time counts only those chunks
-    assert engine.pending() == 0 and engine.seconds_per_transfer() is None
+    assert 0.9 * moved_s <= worker.busy_s < moved_s + 0.05  # the link's time counts only those chunks
+    assert worker.pending() == 0 and worker.seconds_per_transfer() is None
 
 
 def test_cancel_after_every_chunk_was_issued_changes_nothing():
     rows = {"d": torch.rand(SMALL)}
-    engine, _ = slow_link(rows)
+    worker, _ = slow_link(rows)
     dst = torch.zeros(SMALL)
-    transfer = engine.submit("d", dst)
+    transfer = worker.submit("d", dst)
     transfer.wait(timeout=10)
-    assert not engine.cancel(transfer) and transfer.landed()
-    engine.close()
+    assert not worker.cancel(transfer) and transfer.landed()
+    worker.close()
     assert torch.equal(dst, rows["d"])
 
 
@@ -188,30 +188,30 @@ def test_a_promoted_prefetch_overtakes_other_prefetches():
     gate = threading.Event()
     rows = {k: torch.rand(SMALL) for k in ("x", "p1", "p2", "p3")}
     store = RowStore(rows, gate=gate)
-    engine = TransferEngine(store, torch.device("cpu"))
-    first = engine.submit("x", torch.zeros(SMALL))  # occupies the worker until the gate opens
-    prefetches = {k: engine.submit(k, torch.zeros(SMALL), prefetch=True) for k in ("p1", "p2", "p3")}
-    assert engine.promote(prefetches["p3"]) and not engine.promote(first)
+    worker = TransferWorker(store, torch.device("cpu"))
+    first = worker.submit("x", torch.zeros(SMALL))  # occupies the worker until the gate opens
+    prefetches = {k: worker.submit(k, torch.zeros(SMALL), prefetch=True) for k in ("p1", "p2", "p3")}
+    assert worker.promote(prefetches["p3"]) and not worker.promote(first)
     gate.set()
     for t in (first, *prefetches.values()):
         t.wait(timeout=5)
-    engine.close()
+    worker.close()
     assert store.read_order == ["x", "p3", "p1", "p2"]
 
 
 def test_seconds_per_transfer_is_the_link_time_of_landed_transfers():
     rows = {k: torch.rand(SMALL * 4) for k in range(3)}  # 400 kB: 4 ms each on the slow link
-    engine, _ = slow_link(rows)
+    worker, _ = slow_link(rows)
     for k in rows:
-        engine.submit(k, torch.zeros(SMALL * 4)).wait(timeout=10)
-    engine.close()
-    assert 0.004 <= engine.seconds_per_transfer() < 0.03 and engine.pending() == 0
+        worker.submit(k, torch.zeros(SMALL * 4)).wait(timeout=10)
+    worker.close()
+    assert 0.004 <= worker.seconds_per_transfer() < 0.03 and worker.pending() == 0
 
 
 def test_chunk_size_follows_the_link_and_is_checked():
-    assert TransferEngine(RowStore({}), torch.device("cpu"), SLOW).chunk_bytes == 100_000  # 1 ms
+    assert TransferWorker(RowStore({}), torch.device("cpu"), SLOW).chunk_bytes == 100_000  # 1 ms
     with pytest.raises(ValueError, match="chunk_bytes=0 must be a positive"):
-        TransferEngine(RowStore({}), torch.device("cpu"), chunk_bytes=0)
+        TransferWorker(RowStore({}), torch.device("cpu"), chunk_bytes=0)
 
 
 # ---- late copies --------------------------------------------------------------------------
@@ -219,30 +219,30 @@ def test_chunk_size_follows_the_link_and_is_checked():
 @pytest.mark.parametrize("chunk_bytes", [None, 4096])
 def test_late_copies_land_after_submit_and_wait_orders_the_read(chunk_bytes):
     rows = {0: torch.rand(10_000)}
-    engine = TransferEngine(RowStore(rows), torch.device("cpu"), chunk_bytes=chunk_bytes,
+    worker = TransferWorker(RowStore(rows), torch.device("cpu"), chunk_bytes=chunk_bytes,
                             copies=LateCopies(delay_s=0.05))
     dst = torch.zeros(10_000)
-    transfer = engine.submit(0, dst)
+    transfer = worker.submit(0, dst)
     assert transfer.issued.wait(1) and not transfer.done.is_set()
     assert torch.isnan(dst).any()  # issued, not landed: the slot holds nothing usable yet
     transfer.wait(timeout=5)
     assert torch.equal(dst, rows[0])
     assert transfer.done.wait(1) and transfer.landed()
-    engine.close()
+    worker.close()
 
 
 def test_wait_landed_blocks_until_every_chunk_landed():
     rows = {0: torch.rand(10_000)}
-    engine = TransferEngine(RowStore(rows), torch.device("cpu"), chunk_bytes=4096, copies=LateCopies(delay_s=0.05))
-    transfer = engine.submit(0, torch.zeros(10_000))
+    worker = TransferWorker(RowStore(rows), torch.device("cpu"), chunk_bytes=4096, copies=LateCopies(delay_s=0.05))
+    transfer = worker.submit(0, torch.zeros(10_000))
     with pytest.raises(TransferError, match="did not finish within 0.01 s"):
         transfer.wait_landed(timeout=0.01)  # three chunks, 50 ms each
     assert transfer.wait_landed(timeout=5) > 0 and transfer.done.is_set()
-    cancelled = engine.submit(0, torch.zeros(10_000), prefetch=True)
-    engine.cancel(cancelled)
+    cancelled = worker.submit(0, torch.zeros(10_000), prefetch=True)
+    worker.cancel(cancelled)
     with pytest.raises(TransferCancelled):
         cancelled.wait_landed(timeout=5)
-    engine.close()
+    worker.close()
 
 
 # ---- the engine's use of the link ---------------------------------------------------------
@@ -263,12 +263,12 @@ def test_a_used_prefetch_goes_before_the_prefetches_queued_ahead_of_it():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device checks the side-stream copies")
 def test_cuda_chunks_land_before_the_compute_stream_reads():
     src = torch.rand(4_000_000).pin_memory()  # 16 MB: 16 chunks of 1 MiB, at most two in flight
-    engine = TransferEngine(RowStore({0: src}), torch.device("cuda"), chunk_bytes=2**20)
+    worker = TransferWorker(RowStore({0: src}), torch.device("cuda"), chunk_bytes=2**20)
     dst = torch.zeros(4_000_000, device="cuda")
-    transfer = engine.submit(0, dst)
+    transfer = worker.submit(0, dst)
     transfer.wait(timeout=10)  # the compute stream waits on the copy's event; the host goes on
     copied = dst.clone()  # queued on the compute stream, after that wait
     transfer.wait_landed(timeout=10)
-    engine.close()
+    worker.close()
     assert torch.equal(copied.cpu(), src)
-    assert engine.seconds_per_transfer() > 0  # timed by CUDA events around each chunk
+    assert worker.seconds_per_transfer() > 0  # timed by CUDA events around each chunk

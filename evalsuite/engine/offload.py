@@ -1,4 +1,4 @@
-"""`offload()`: wire the store, cache and transfer engine into a transformers MoE model.
+"""`offload()`: wire the store, cache and transfer worker into a transformers MoE model.
 
 The model keeps running through its own `forward`/`generate`; the engine registers an experts
 implementation with transformers (`ExpertsInterface`) that asks the cache for each expert a
@@ -26,7 +26,7 @@ from .shadows import ShadowPredictions
 from . import placement
 from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
 from .token_kinds import TokenKinds, image_token_ids
-from .transfer import TransferEngine, TransferError, parse_link
+from .transfer import TransferWorker, TransferError, parse_link
 
 IMPLEMENTATION = "evalsuite"
 
@@ -206,7 +206,7 @@ class Engine(ExpertFetching):
         self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
         self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
                                  self.layout.dtype, self.device, cache_policy, per_layer)
-        self.transfers = TransferEngine(self.store, self.device, self.link, self.timeout_s)
+        self.transfers = TransferWorker(self.store, self.device, self.link, self.timeout_s)
 
     def _start_trace(self) -> None:
         from .trace import TraceRecorder

@@ -84,8 +84,8 @@ class TransferCancelled(TransferError):
 class Transfer:
     """One copy of one expert into one slot; `wait()` makes the slot usable by the caller."""
 
-    def __init__(self, key, dst: torch.Tensor, prefetch: bool, link: "TransferEngine"):
-        self.key, self.dst, self.prefetch, self.link = key, dst, prefetch, link
+    def __init__(self, key, dst: torch.Tensor, prefetch: bool, worker: "TransferWorker"):
+        self.key, self.dst, self.prefetch, self.worker = key, dst, prefetch, worker
         self.nbytes = dst.numel() * dst.element_size()
         self.issued = threading.Event()  # every chunk handed to the copy backend, or it failed / was cancelled
         self.over = False  # the same, known to the worker first (under its lock): `done` is set before `issued`
@@ -116,7 +116,7 @@ class Transfer:
         self._raise_error()
         if not self.done.is_set() and self.last is not None:
             left = max(0.0, timeout - (time.perf_counter() - start))
-            if not self.link.copies.make_ready(self.last, left):
+            if not self.worker.copies.make_ready(self.last, left):
                 raise self._late(timeout)
         end = time.perf_counter()
         if blocked and self.handoffs is not None:
@@ -144,7 +144,7 @@ class Transfer:
                              "(raise transfer_timeout_s if the link is this slow)")
 
 
-class TransferEngine:
+class TransferWorker:
     """Serves copy requests chunk by chunk on a background thread: demand first, then prefetch.
 
     submit(key, dst, prefetch)  queue a copy; returns its Transfer

@@ -164,7 +164,7 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
 def handoff_seconds(device: str, repeats: int = 50) -> float:
     """Median time from submitting a copy of a small tensor to the waiting thread resuming: the
     fixed cost of every wait on the transfer worker, whatever the link."""
-    from ..engine.transfer import TransferEngine
+    from ..engine.transfer import TransferWorker
 
     class _Store:
         def copy_into(self, key, dst):
@@ -172,13 +172,13 @@ def handoff_seconds(device: str, repeats: int = 50) -> float:
 
     src = torch.ones(1024, device=device)
     dst = torch.empty_like(src)
-    engine = TransferEngine(_Store(), torch.device(device))
+    worker = TransferWorker(_Store(), torch.device(device))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        engine.submit(0, dst).wait(10.0)
+        worker.submit(0, dst).wait(10.0)
         times.append(time.perf_counter() - t0)
-    engine.close()
+    worker.close()
     return statistics.median(times)
 
 

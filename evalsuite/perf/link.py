@@ -86,7 +86,7 @@ class SerialLink:
         return True
 
     def prefetches_queued(self, now: float) -> int:
-        """Prefetches queued or moving (TransferEngine.prefetches_queued)."""
+        """Prefetches queued or moving (TransferWorker.prefetches_queued)."""
         self.advance(now)
         return len(self.prefetch)
 
@@ -96,7 +96,7 @@ class SerialLink:
         return self.unfinished
 
     def seconds_per_transfer(self) -> float | None:
-        """Link time per landed copy (None before the first), as TransferEngine measures it."""
+        """Link time per landed copy (None before the first), as TransferWorker measures it."""
         return self.transfer_s if self.landed else None
 
     def advance(self, now: float) -> None:

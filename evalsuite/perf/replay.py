@@ -42,7 +42,7 @@ def executed_experts(mode: str, pos: int, routing, top_k: int) -> list[int]:
 
 
 class _LinkView:
-    """The TransferEngine calls PrefetchScheduler makes, answered by the simulated link at the
+    """The TransferWorker calls PrefetchScheduler makes, answered by the simulated link at the
     replay's time. Sizes are in link seconds: chunk_bytes / layout.nbytes is a chunk's share of a copy."""
 
     def __init__(self, replay: "Replay"):
