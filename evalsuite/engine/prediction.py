@@ -7,11 +7,11 @@ the next token's first sparse layer (`Predictor.next_token_scores`), prefetched 
 
 speculative        from the second sparse layer on, decode tokens execute the predicted experts,
                    weighted by the layer's own routing formula applied to its router's logits
-                   for the predicted set (seed A); prefill routes natively, as seed A's engine
-                   does. The native router still runs as a shadow that scores recall and never
-                   touches the output.
+                   for the predicted set (Speculating Experts, arXiv:2603.19289); prefill routes
+                   natively, as that paper's engine does. The native router still runs as a
+                   shadow that scores recall and never touches the output.
 hybrid             speculative, with the estimator predicting the high-drift layers and the
-                   quasi-hidden-state predictor elsewhere (seed A's Hybrid-PF); layers listed in
+                   quasi-hidden-state predictor elsewhere (that paper's Hybrid-PF); layers listed in
                    `preserve_layers` run router-preserving instead.
 
 Recall@k (SpecPrefetch): |top-k(predicted) ∩ top-K(native router)| / K per decode token, per

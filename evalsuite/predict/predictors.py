@@ -43,7 +43,8 @@ class Predictor:
 
 
 class GatePredictor(Predictor):
-    """Layer p+h's router applied to layer p's router input (FATE / mixtral-offloading)."""
+    """Layer p+h's router applied to layer p's router input (FATE, "Fate: Fast Edge Inference of
+    Mixture-of-Experts Models via Cross-Layer Gate"; mixtral-offloading)."""
 
     name, horizons = "gate", (1, 2)
 
@@ -53,8 +54,8 @@ class GatePredictor(Predictor):
 
 
 class QuasiPredictor(Predictor):
-    """Seed A: q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts of w_e * default_vector[e];
-    layer p+1's router applied to q."""
+    """Speculating Experts (arXiv:2603.19289): q = LN_{p+1}(r_p + d_p), d_p = sum over executed experts
+    of w_e * default_vector[e]; layer p+1's router applied to q."""
 
     name, parts, reads = "quasi", ("default_vectors",), ("residual", "ids", "weights")
 
@@ -70,7 +71,8 @@ class QuasiPredictor(Predictor):
 
 
 class EstimatorPredictor(QuasiPredictor):
-    """Seed A's lightweight estimator: a small feed-forward net from q to layer p+1's logits."""
+    """Speculating Experts' lightweight estimator (arXiv:2603.19289): a small feed-forward net from q to
+    layer p+1's logits."""
 
     name, parts = "estimator", ("default_vectors", "estimator")
 
@@ -81,7 +83,7 @@ class EstimatorPredictor(QuasiPredictor):
 
 
 class AdapterPredictor(Predictor):
-    """Seed B: logits = (W_gate^{p+h} + B A) x_p, one low-rank adapter per (layer, horizon)."""
+    """SpecPrefetch (arXiv:2607.24787): logits = (W_gate^{p+h} + B A) x_p, one low-rank adapter per (layer, horizon)."""
 
     name, horizons, parts = "adapter", (1, 2), ("adapter",)
 
@@ -180,7 +182,8 @@ class TraceOraclePredictor(Predictor):
 
 
 class HybridPredictor(QuasiPredictor):
-    """Seed A's Hybrid-PF: the estimator in high-drift layers, the quasi predictor elsewhere."""
+    """Speculating Experts' Hybrid-PF (arXiv:2603.19289): the estimator in high-drift layers, the quasi
+    predictor elsewhere."""
 
     name, parts = "hybrid", ("default_vectors", "estimator")
 
