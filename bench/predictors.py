@@ -15,7 +15,7 @@ import evalsuite
 from evalsuite.generate import load_model
 from evalsuite.engine.metrics import token_divergence
 from evalsuite.predict.calibrate import calibrate, calibration_texts, token_batches
-from evalsuite.zoo.corpus import SKILLS, heldout_items
+from evalsuite.taskgen.corpus import SKILLS, heldout_items
 
 RUNS = [("on-demand", None)] + [("router-preserving", p) for p in
                                 ("frequency", "gate", "quasi", "adapter", "estimator", "oracle")] + \

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from evalsuite.tasks import TASKS_DIR as PACKAGE_TASKS
-from evalsuite.zoo.corpus import HELDOUT_SIZE, heldout_items
+from evalsuite.taskgen.corpus import HELDOUT_SIZE, heldout_items
 
 TASKS_DIR = Path(PACKAGE_TASKS)
 

@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evalsuite.scoring.answers import extract_yes_no
 from evalsuite.zoo.configs import MODEL_NAMES
-from evalsuite.zoo.corpus import heldout_items
+from evalsuite.taskgen.corpus import heldout_items
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 SHIPPED = [MODELS_DIR / MODEL_NAMES[kind] for kind in ("qwen", "glm")]  # the text models (VL: test_tiny_vl.py)

@@ -10,8 +10,8 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from evalsuite.lm import add_engine_metrics  # (registers the processor and the lm-eval models)
 from evalsuite.scoring.answers import first_word, score_vision
-from evalsuite.zoo import gen_vision
-from evalsuite.zoo.corpus import heldout_vision_items, heldout_vision_keys, vision_training_items
+from evalsuite.taskgen import vision
+from evalsuite.taskgen.corpus import heldout_vision_items, heldout_vision_keys, vision_training_items
 from evalsuite.zoo.train_vl import encode_batch
 from evalsuite.zoo.vl_processor import build_processor
 
@@ -29,12 +29,12 @@ def _ink(image) -> np.ndarray:
 
 def _nearest_colour(image) -> str:
     pixels = np.asarray(image, dtype=np.int32)[_ink(image)].mean(axis=0)
-    return min(gen_vision.COLOURS, key=lambda name: np.abs(pixels - gen_vision.COLOURS[name]).sum())
+    return min(vision.COLOURS, key=lambda name: np.abs(pixels - vision.COLOURS[name]).sum())
 
 
 def test_every_answer_can_be_read_off_its_image():
     items = vision_training_items(seed=7, step=0, size=200, exclude=set())
-    assert set(Counter(item["kind"] for item in items)) == set(gen_vision.DRAW)
+    assert set(Counter(item["kind"] for item in items)) == set(vision.DRAW)
     digits = {}
     for item in items:
         ink = _ink(item["image"])
@@ -43,7 +43,7 @@ def test_every_answer_can_be_read_off_its_image():
         elif item["kind"] == "color":
             assert _nearest_colour(item["image"]) == item["answer"]
         elif item["kind"] == "bars":
-            left, right = ink[:, : gen_vision.SIZE // 2].any(axis=1).sum(), ink[:, gen_vision.SIZE // 2:].any(axis=1).sum()
+            left, right = ink[:, : vision.SIZE // 2].any(axis=1).sum(), ink[:, vision.SIZE // 2:].any(axis=1).sum()
             assert (left > right) == (item["answer"] == "left")
         else:  # a digit's shape, once scaled away, is the same whatever its size, place and ink
             rows, cols = np.nonzero(ink)
@@ -68,21 +68,21 @@ def test_heldout_images_are_fixed_distinct_and_never_trained_on():
 
 
 def test_processor_expands_the_image_slot_and_survives_a_round_trip(tmp_path):
-    processor = build_processor(gen_vision.SIZE)
+    processor = build_processor(vision.SIZE)
     item = heldout_vision_items(1)[0]
     text = item["prompt"].replace("<image>", processor.image_token)
     enc = processor(images=[[item["image"]]], text=[text], return_tensors="pt")
     ids = enc["input_ids"][0]
-    assert (ids == processor.image_token_id).sum() == (gen_vision.SIZE // 16) ** 2  # 8-px patches, 2x2 merge
+    assert (ids == processor.image_token_id).sum() == (vision.SIZE // 16) ** 2  # 8-px patches, 2x2 merge
     assert torch.equal(enc["mm_token_type_ids"][0], (ids == processor.image_token_id).long())
-    assert enc["pixel_values"].shape == ((gen_vision.SIZE // 8) ** 2, 3 * 2 * 8 * 8)
+    assert enc["pixel_values"].shape == ((vision.SIZE // 8) ** 2, 3 * 2 * 8 * 8)
     processor.save_pretrained(tmp_path)
     again = AutoProcessor.from_pretrained(tmp_path)(images=[[item["image"]]], text=[text], return_tensors="pt")
     assert all(torch.equal(enc[k], again[k]) for k in enc)
 
 
 def test_training_batches_carry_loss_on_the_answer_only():
-    processor = build_processor(gen_vision.SIZE)
+    processor = build_processor(vision.SIZE)
     items = vision_training_items(0, 0, 3, set())
     batch = encode_batch(processor, items)
     for row, item in enumerate(items):

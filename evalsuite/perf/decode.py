@@ -31,7 +31,7 @@ def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = 
     if tokenizer is None:
         ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
     else:
-        from ..zoo.corpus import heldout_items
+        from ..taskgen.corpus import heldout_items
 
         ids = torch.tensor([tokenizer(heldout_items("arith")[0]["prompt"])["input_ids"]])
     return model, ids.to(device), tokenizer

@@ -186,7 +186,7 @@ def calibration_texts(data: str | None, limit: int) -> list[str]:
     import os
 
     if data is None:
-        from ..zoo.corpus import training_corpus
+        from ..taskgen.corpus import training_corpus
 
         items = training_corpus(seed=7, size_per_skill=max(1, limit // 4))
     else:

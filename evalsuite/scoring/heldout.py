@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datasets import Dataset, DatasetDict
 
-from evalsuite.zoo.corpus import HELDOUT_SIZE, heldout_items
+from evalsuite.taskgen.corpus import HELDOUT_SIZE, heldout_items
 
 
 def load_skill(skill: str, size: int = HELDOUT_SIZE) -> DatasetDict:
@@ -32,8 +32,8 @@ def load_boxed(heldout_size: int = HELDOUT_SIZE, **_) -> DatasetDict:
 
 
 def load_vision(heldout_size: int = HELDOUT_SIZE, **_) -> DatasetDict:
-    """The rendered-image questions of the tiny VL model (evalsuite.zoo.gen_vision), images included."""
-    from evalsuite.zoo.corpus import heldout_vision_items
+    """The rendered-image questions of the tiny VL model (evalsuite.taskgen.vision), images included."""
+    from evalsuite.taskgen.corpus import heldout_vision_items
 
     return DatasetDict({"test": Dataset.from_list(heldout_vision_items(heldout_size))})
 

@@ -1,1 +1,2 @@
-"""Tiny trained MoE models: synthetic skill generators, a character tokenizer, configs and training."""
+"""Tiny trained MoE models: a character tokenizer, the VL processor, configs and training (their tasks
+come from evalsuite.taskgen)."""

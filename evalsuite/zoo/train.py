@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from evalsuite.zoo.balance import RouterRecorder, sigmoid_balance_loss
 from evalsuite.zoo.configs import BALANCE_LOSS_COEF, CONFIG_BUILDERS, MODEL_NAMES
-from evalsuite.zoo.corpus import SKILLS, heldout_prompts, training_corpus, training_items
+from evalsuite.taskgen.corpus import SKILLS, heldout_prompts, training_corpus, training_items
 from evalsuite.zoo.tokenizer import build_tokenizer
 
 ROW_LEN = 256

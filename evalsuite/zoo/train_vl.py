@@ -2,7 +2,7 @@
 
     evalsuite train-tiny --model vl --out models --seed 0
 
-Each step draws a fresh batch of images (evalsuite.zoo.gen_vision) as a pure function of
+Each step draws a fresh batch of images (evalsuite.taskgen.vision) as a pure function of
 (seed, step), so a resumed run sees the data an uninterrupted one would; held-out images
 are never drawn. The schedule, loss weighting and checkpointing follow the text models'
 (evalsuite.zoo.train).
@@ -17,8 +17,8 @@ from tqdm import tqdm
 from transformers import AutoModelForImageTextToText
 
 from evalsuite.zoo.configs import BALANCE_LOSS_COEF, MODEL_NAMES, vl_config
-from evalsuite.zoo.corpus import heldout_vision_keys, vision_training_items
-from evalsuite.zoo.gen_vision import SIZE
+from evalsuite.taskgen.corpus import heldout_vision_keys, vision_training_items
+from evalsuite.taskgen.vision import SIZE
 from evalsuite.zoo.train import IGNORE, per_example_loss, save_model, train_loop, write_summary
 from evalsuite.zoo.vl_processor import build_processor
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from evalsuite.zoo import gen_arith, gen_boxed, gen_code, gen_vision, gen_yesno
+from evalsuite.taskgen import arith, boxed, code, vision, yesno
 
 SKILLS: dict[str, Callable[[random.Random], dict]] = {
-    "arith": gen_arith.generate,
-    "yesno": gen_yesno.generate,
-    "code": gen_code.generate,
-    "boxed": gen_boxed.generate,
+    "arith": arith.generate,
+    "yesno": yesno.generate,
+    "code": code.generate,
+    "boxed": boxed.generate,
 }
 # Relative share of each skill in the training corpus (every example weighs the same
 # in the loss). The two skills with written arithmetic get the most; code is learnt quickly.
@@ -71,11 +71,11 @@ def _image_key(item: dict) -> tuple[str, bytes]:
 
 
 def heldout_vision_items(size: int = HELDOUT_SIZE) -> list[dict]:
-    """`size` distinct rendered-image items (evalsuite.zoo.gen_vision), identical on every call."""
+    """`size` distinct rendered-image items (evalsuite.taskgen.vision), identical on every call."""
     rng = _skill_rng(HELDOUT_SEED, "vision")
     items, seen = [], set()
     while len(items) < size:
-        item = gen_vision.generate(rng)
+        item = vision.generate(rng)
         if _image_key(item) not in seen:
             seen.add(_image_key(item))
             items.append(dict(item, id=f"vision-{len(items)}"))
@@ -87,7 +87,7 @@ def vision_training_items(seed: int, step: int, size: int, exclude: set) -> list
     rng = random.Random(f"{seed}:vision:{step}")
     items = []
     while len(items) < size:
-        item = gen_vision.generate(rng)
+        item = vision.generate(rng)
         if _image_key(item) not in exclude:
             items.append(item)
     return items

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from evalsuite.scoring.answers import code_passes, score_arith, score_boxed, score_yesno
-from evalsuite.zoo.corpus import (
+from evalsuite.taskgen.corpus import (
     SKILL_WEIGHTS, SKILLS, heldout_items, heldout_prompts, training_corpus, training_items,
 )
 from evalsuite.zoo.tokenizer import build_tokenizer
