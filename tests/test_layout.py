@@ -52,9 +52,17 @@ def test_the_engine_imports_nothing_from_evalsuite_outside_it():
     assert outside == []
 
 
-def test_no_two_parts_of_evalsuite_import_each_other():
-    edges = _graph()
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> modules it imports, inside parts too (the part graph cannot see zoo.train <-> zoo.train_vl)."""
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for source, target in _imports(path):
+            if source != target:
+                edges.setdefault(source, set()).add(target)
+    return edges
 
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     def cycle_from(start, node, seen):
         for nxt in sorted(edges.get(node, ())):
             if nxt == start:
@@ -66,8 +74,32 @@ def test_no_two_parts_of_evalsuite_import_each_other():
                     return [node, *found]
         return None
 
-    cycles = [c for part in sorted(edges) if (c := cycle_from(part, part, {part}))]
-    assert cycles == []
+    return [c for node in sorted(edges) if (c := cycle_from(node, node, {node}))]
+
+
+def test_no_two_parts_of_evalsuite_import_each_other():
+    assert _cycles(_graph()) == []
+
+
+def test_no_two_modules_of_the_training_and_task_packages_import_each_other():
+    # lazy imports inside functions count: they hide a cycle, they do not remove it
+    inside = ("evalsuite.zoo", "evalsuite.taskgen")
+    edges = {m: {t for t in targets if t.startswith(inside)} for m, targets in _module_graph().items()
+             if m.startswith(inside)}
+    assert _cycles(edges) == []
+
+
+def test_the_trainers_share_the_loop_without_importing_each_other():
+    edges = _module_graph()
+    assert "evalsuite.zoo.loop" in edges["evalsuite.zoo.train"] & edges["evalsuite.zoo.train_vl"]
+    assert "evalsuite.zoo.train" not in edges["evalsuite.zoo.train_vl"]
+
+
+def test_scoring_reads_the_generated_tasks_from_taskgen_not_from_the_trainers():
+    edges = _module_graph()
+    assert "evalsuite.taskgen.corpus" in edges["evalsuite.scoring.heldout"]
+    taskgen = [m for m in edges if m.startswith("evalsuite.taskgen")]
+    assert taskgen and not any(t.startswith("evalsuite.zoo") for m in taskgen for t in edges[m])
 
 
 def test_the_graph_sees_imports():  # the checks above would pass vacuously on a parser that finds nothing

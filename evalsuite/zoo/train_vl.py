@@ -4,8 +4,8 @@
 
 Each step draws a fresh batch of images (evalsuite.taskgen.vision) as a pure function of
 (seed, step), so a resumed run sees the data an uninterrupted one would; held-out images
-are never drawn. The schedule, loss weighting and checkpointing follow the text models'
-(evalsuite.zoo.train).
+are never drawn. The loop, schedule, loss weighting and checkpoints are shared with the text
+models' trainer (evalsuite.zoo.loop).
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForImageTextToText
 
-from evalsuite.zoo.configs import BALANCE_LOSS_COEF, MODEL_NAMES, vl_config
 from evalsuite.taskgen.corpus import heldout_vision_keys, vision_training_items
 from evalsuite.taskgen.vision import SIZE
-from evalsuite.zoo.train import IGNORE, per_example_loss, save_model, train_loop, write_summary
+from evalsuite.zoo.configs import BALANCE_LOSS_COEF, MODEL_NAMES, vl_config
+from evalsuite.zoo.loop import IGNORE, per_example_loss, save_model, train_loop, write_summary
 from evalsuite.zoo.vl_processor import build_processor
 
 
