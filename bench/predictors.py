@@ -15,6 +15,7 @@ import evalsuite
 from evalsuite.generate import load_model
 from evalsuite.engine.metrics import token_divergence
 from evalsuite.predict.calibrate import calibrate, calibration_texts, token_batches
+from evalsuite.table import Column, format_table
 from evalsuite.taskgen.corpus import SKILLS, heldout_items
 
 RUNS = [("on-demand", None)] + [("router-preserving", p) for p in
@@ -61,15 +62,12 @@ def main() -> None:
         recall = (s["recall"] or {}).get(engine.layers[0].top_k, {"layers": {}, "mean": None})
         layers = layers or sorted(recall["layers"])
         rows.append((mode, predictor or "-", recall, s, sum(same) / len(same)))
-    head = f"{'mode':<18}{'predictor':<10}" + "".join(f"{'L' + str(l):>7}" for l in layers)
-    head += f"{'mean':>7}{'hit':>7}{'prec':>7}{'stall/tok':>10}{'TPOT ms':>9}{'same':>7}"
-    print(head + "\n" + "-" * len(head))
-    for mode, predictor, recall, s, same in rows:
-        cells = "".join(f"{recall['layers'].get(l, float('nan')):>7.3f}" for l in layers)
-        mean = f"{recall['mean']:>7.3f}" if recall["mean"] is not None else f"{'-':>7}"
-        prec = f"{s['prefetch_precision']:>7.3f}" if s["prefetch_precision"] is not None else f"{'-':>7}"
-        print(f"{mode:<18}{predictor:<10}{cells}{mean}{s['hit_rate']:>7.3f}{prec}{s['stall_ms_per_token']:>10.3f}"
-              f"{s['tpot_ms']['median']:>9.2f}{same:>7.3f}")
+    columns = ["mode", "predictor"] + [Column(f"L{l}", ".3f") for l in layers] + [
+        Column(title, ".2f" if title == "TPOT ms" else ".3f")
+        for title in ("mean", "hit", "prec", "stall/tok", "TPOT ms", "same")]
+    print(format_table([[mode, predictor] + [recall["layers"].get(l) for l in layers]
+                        + [recall["mean"], s["hit_rate"], s["prefetch_precision"], s["stall_ms_per_token"],
+                           s["tpot_ms"]["median"], same] for mode, predictor, recall, s, same in rows], columns))
 
 
 if __name__ == "__main__":

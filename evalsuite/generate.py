@@ -15,6 +15,8 @@ from tqdm import tqdm
 from .engine import offload
 from .engine.metrics import token_divergence
 from .engine.modes import REFERENCE, mode_named
+from .table import Column
+from .table import format_table as _format_table
 
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
@@ -85,19 +87,13 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
 
 
 def format_table(rows) -> str:
-    header = (f"{'mode':<18}{'same':>6}{'recall':>8}{'uses':>7}{'hit rate':>10}{'MB moved':>10}{'stall ms':>10}"
-              f"{'TTFT ms':>9}{'TPOT ms':>9}")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        hit = "-" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
-        same = {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]]
-        recall = "-" if not r["recall"] else f"{next(iter(r['recall'].values()))['mean'] or 0:.3f}"
-        lines.append(f"{r['mode']:<18}{same:>6}{recall:>8}{r['expert_uses']:>7}{hit:>10}{r['bytes_transferred'] / 1e6:>10.2f}"
-                     f"{r['stall_s'] * 1e3:>10.1f}{_ms(r['ttft_ms']):>9}{_ms(r['tpot_ms']):>9}")
+    columns = ["mode", "same", Column("recall", ".3f"), Column("uses", "d"), Column("hit rate", ".3f"),
+               Column("MB moved", ".2f"), Column("stall ms", ".1f"), Column("TTFT ms", ".2f"), Column("TPOT ms", ".2f")]
+    cells = [[r["mode"], {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]],
+              (next(iter(r["recall"].values()))["mean"] or 0) if r["recall"] else None, r["expert_uses"],
+              r["hit_rate"], r["bytes_transferred"] / 1e6, r["stall_s"] * 1e3, r["ttft_ms"]["median"],
+              r["tpot_ms"]["median"]] for r in rows]
+    lines = [_format_table(cells, columns)]
     if rows and not rows[0].get("requested", True):
         lines.append("(resident was not among --modes: it ran as the reference the others are compared with)")
     return "\n".join(lines)
-
-
-def _ms(summary) -> str:
-    return "-" if summary["median"] is None else f"{summary['median']:.2f}"

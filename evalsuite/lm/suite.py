@@ -18,6 +18,7 @@ from ..results.lm_eval_rows import stored_results
 from ..results.provenance import git_commit
 from ..results.database import error_line
 from ..scoring.sandbox import confinement_to_use
+from ..table import Column, format_table
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, predictors_for, task_manager, unsafe_tasks
@@ -251,14 +252,10 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
 def format_rows(rows) -> str:
     """The table `evalsuite eval` prints: accuracy (the task's headline metric, named), recall, hit rate,
     TPOT as median [p10-p90] over sequences (flagged * when the machine was busy), same tokens."""
-    numbers = ("accuracy", "recall", "hit rate", "TPOT ms [p10-p90]", "same tok")
-    wide = {k: max([len(k)] + [len(str(r[k])) for r in rows]) + 2 for k in ("model", "task", "metric", "mode")}
-    widths = (10, 10, 10, 22, 10)
-    header = "".join(f"{k:<{wide[k]}}" for k in wide) + "".join(f"{n:>{w}}" for n, w in zip(numbers, widths))
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        cells = (_fmt(r["accuracy"]), _fmt(r["recall"]), _fmt(r["hit_rate"]), _tpot(r), _fmt(r["identical_share"]))
-        lines.append("".join(f"{r[k]:<{wide[k]}}" for k in wide) + "".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    columns = ["model", "task", "metric", "mode", Column("accuracy", ".3f"), Column("recall", ".3f"),
+               Column("hit rate", ".3f"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
+    lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r["accuracy"], r["recall"], r["hit_rate"],
+                            _tpot(r), r["identical_share"]] for r in rows], columns)]
     loads = [r["busy"] for r in rows if r.get("busy") is not None]
     if loads:
         lines.append(f"* timed while the machine was busy (load average up to {max(loads):.1f} on {os.cpu_count()} "
@@ -272,6 +269,3 @@ def _tpot(row) -> str:
     spread = f" [{row['tpot_p10']:.2f}-{row['tpot_p90']:.2f}]" if row.get("tpot_p10") is not None else ""
     return f"{row['tpot_ms']:.2f}{spread}{'*' if row.get('busy') is not None else ''}"
 
-
-def _fmt(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from ..engine import offload
 from ..engine.modes import MODES
+from ..table import Column, format_table
 from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
 from .decode import greedy, load_bench_model, whole
 from .profiles import case_label
@@ -211,6 +212,14 @@ def _summarise(runs, measured, link, capacity) -> dict:
             "traces": {c.label: rs[0]["trace"] for c, rs in runs.items()}}
 
 
+# (row key, printed column) of the bench table, in order
+_COLUMNS = [("case", Column("case")), ("tpot_ms", Column("TPOT ms", ".2f")), ("vs_on_demand", Column("/ on-dem", ".3f")),
+            ("ttft_ms", Column("TTFT ms", ".2f")), ("hit_rate", Column("hit", ".3f")),
+            ("stall_ms_per_token", Column("stall/tok", ".2f")), ("gap_closed", Column("gap closed", ".2f")),
+            ("same_tokens", Column("same tok", ".3f")), ("simulated_tpot_ms", Column("sim ms", ".2f")),
+            ("sim_error", Column("sim err", "+.1%")), ("speed_factor", Column("speed", ".2f"))]
+
+
 def format_result(result: dict) -> str:
     lines = [f"model {result['model']}: {result['tokens']} new tokens, batch 1, median of {result['repeats']}",
              "engine overhead (resident engine / unmodified model, tokens/s): "
@@ -224,12 +233,7 @@ def format_result(result: dict) -> str:
                      f"{cfg['capacity']} = {cfg['cache_experts']} experts; "
                      f"overlap bound {cfg['bound_tpot_ms']:.2f} ms; "
                      f"perfect prefetch at no cost (simulated) {cfg['perfect_prefetch_tpot_ms']:.2f} ms")
-        lines.append(f"{'case':<38}{'TPOT ms':>9}{'/ on-dem':>9}{'TTFT ms':>9}{'hit':>7}{'stall/tok':>10}"
-                     f"{'gap closed':>11}{'same tok':>9}{'sim ms':>9}{'sim err':>9}{'speed':>7}")
-        for r in cfg["rows"]:
-            gap = f"{r['gap_closed']:>11.2f}" if r["gap_closed"] is not None else f"{'-':>11}"
-            lines.append(f"{r['case']:<38}{r['tpot_ms']:>9.2f}{r['vs_on_demand']:>9.3f}{r['ttft_ms']:>9.2f}"
-                         f"{r['hit_rate']:>7.3f}{r['stall_ms_per_token']:>10.2f}{gap}{r['same_tokens']:>9.3f}"
-                         f"{r['simulated_tpot_ms']:>9.2f}{r['sim_error']:>+9.1%}{r['speed_factor']:>7.2f}")
+        lines.append(format_table([[r[key] for key, _ in _COLUMNS] for r in cfg["rows"]],
+                                  [column for _, column in _COLUMNS]))
     return "\n".join(lines)
 

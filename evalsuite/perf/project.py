@@ -14,6 +14,7 @@ from .shapes import ModelShape
 from .simulate import PERFECT_PREFETCH, SIMULATED_MODES, gap_closed, overlap_bound, simulate
 from .synthetic import synthetic_trace
 from ..engine.trace import RoutingTrace
+from ..table import Column, format_table
 
 # every mode that can run the one predictor charged (a mode with its own predictor cannot), then the ideal
 PROJECTED_MODES = tuple(name for name, mode in SIMULATED_MODES.items() if not mode.own_predictor)
@@ -84,14 +85,10 @@ def _ms(d: dict) -> dict:
 
 
 def format_projection(rows: list[dict], title: str) -> str:
-    lines = [title, f"{'mode':<20}{'predictor':<11}{'TPOT ms':>10}{'compute':>9}{'exposed':>9}{'predict':>9}"
-                    f"{'hit':>7}{'copies':>8}{'vs on-demand':>14}{'gap closed':>12}"]
-    for r in rows:
-        cells = "".join(f"{r[k]:>9.2f}" if r.get(k) is not None else f"{'':>9}"
-                        for k in ("compute_ms", "exposed_transfer_ms", "predictor_ms"))
-        hit = f"{r['hit_rate']:>7.3f}" if r.get("hit_rate") is not None else f"{'':>7}"
-        hit += f"{r['transfers_per_token']:>8.1f}" if r.get("transfers_per_token") is not None else f"{'':>8}"
-        vs = f"{r['vs_on_demand']:>+14.1%}" if r.get("vs_on_demand") is not None else f"{'':>14}"
-        gap = f"{r['gap_closed']:>12.2f}" if r.get("gap_closed") is not None else f"{'':>12}"
-        lines.append(f"{r['mode']:<20}{str(r['predictor'] or '-'):<11}{r['tpot_ms']:>10.2f}{cells}{hit}{vs}{gap}")
-    return "\n".join(lines)
+    columns = [Column("mode"), Column("predictor"), Column("TPOT ms", ".2f"), Column("compute", ".2f"),
+               Column("exposed", ".2f"), Column("predict", ".2f"), Column("hit", ".3f"), Column("copies", ".1f"),
+               Column("vs on-demand", "+.1%"), Column("gap closed", ".2f")]
+    keys = ("tpot_ms", "compute_ms", "exposed_transfer_ms", "predictor_ms", "hit_rate", "transfers_per_token",
+            "vs_on_demand", "gap_closed")
+    cells = [[r["mode"], r["predictor"]] + [r.get(k) for k in keys] for r in rows]
+    return title + "\n" + format_table(cells, columns)

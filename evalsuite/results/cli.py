@@ -9,9 +9,12 @@ import argparse
 import os
 import sys
 
+from ..table import Column, format_table
+
 _DB_HELP = "results database: SQLAlchemy URL or SQLite path (default: $EVALSUITE_DB, else results/results.db)"
 _LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link",
            "tasks", "accuracy", "tpot_ms"]
+_NUMBERS = {"id", "cache_capacity", "accuracy", "tpot_ms"}
 
 
 def _open(args):
@@ -34,8 +37,8 @@ def cmd_runs(args) -> int:
     table = table.merge(shown[["id", "started_at", "error"]], on="id")[_LISTED + ["error"]]
     table["started_at"] = table["started_at"].map(lambda t: t.strftime("%Y-%m-%d %H:%M") if hasattr(t, "strftime")
                                                   else t)
-    table = table.map(lambda v: "-" if v is None else v)
-    print(table.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+    columns = [Column(name, "d" if name == "id" else ".4g") if name in _NUMBERS else name for name in table.columns]
+    print(format_table(table.astype(object).itertuples(index=False), columns))
     return 0
 
 
@@ -53,16 +56,17 @@ def cmd_report(args) -> int:
 
 
 def format_pareto(front) -> str:
-    """The Pareto fronts as text: one block per model, by rising TPOT."""
+    """The Pareto fronts as text: one table per model, by rising TPOT."""
     if front.empty:
         return "Pareto fronts: no run has both an accuracy and a TPOT"
     lines = ["Pareto fronts (accuracy vs TPOT, per model):"]
+    columns = [Column("run", "d"), "setting", Column("accuracy", ".3f"), Column("TPOT ms", ".2f")]
     for model, part in front.groupby("model", sort=True):
         lines.append(f"  {model}")
-        for row in part.itertuples(index=False):
-            setting = " / ".join(str(v) for v in (row.mode, row.predictor, row.cache_capacity, row.link)
-                                 if v is not None and v == v)
-            lines.append(f"    run {row.id:<5} {setting:<45} accuracy {row.accuracy:.3f}  TPOT {row.tpot_ms:.2f} ms")
+        cells = [[row.id, " / ".join(str(v) for v in (row.mode, row.predictor, row.cache_capacity, row.link)
+                                     if v is not None and v == v), row.accuracy, row.tpot_ms]
+                 for row in part.itertuples(index=False)]
+        lines.append(format_table(cells, columns, indent="    "))
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binomtest, bootstrap, wilcoxon
 
+from ..table import Column, format_table
 from .comparable import differences
 
 ENGINE_COLUMNS = ("recall_at_k", "hit_rate", "tpot_ms", "bytes_transferred")
@@ -209,24 +210,25 @@ def disagreement(row) -> str | None:
             "the test, which decides; the CI is a resampling approximation")
 
 
+def _comparison_cells(row) -> list:
+    metric = row.metric if row.filter in ("", "none") else f"{row.metric}/{row.filter}"
+    ci = None if math.isnan(row.ci_low) else f"[{row.ci_low:+.4f},{row.ci_high:+.4f}]"
+    significant = {None: None, True: "yes", False: "no"}[row.significant]
+    return [row.task, metric, row.n, row.value_a, row.value_b, row.delta, row.test, row.p_value, significant, ci,
+            row.recall_at_k_delta, row.hit_rate_delta, row.tpot_ms_delta, row.bytes_transferred_delta / 1e6]
+
+
 def format_comparison(table: pd.DataFrame) -> str:
     """A fixed-width table: one line per task and metric, deltas in points where they are fractions, then what
     decides significance, where the CI disagrees, and what the engine columns cover."""
     lines = [f"run B = {table.attrs.get('run_b')} vs run A = {table.attrs.get('run_a')}"]
     lines += [f"WARNING: {w}; compared anyway (--force)" for w in table.attrs.get("warnings", [])]
     lines += [f"note: {u}" for u in table.attrs.get("unknown", [])]
-    lines.append(f"{'task':<24} {'metric':<18} {'n':>6} {'A':>8} {'B':>8} {'delta':>8} {'test':<14} {'p':>8} "
-                 f"{'sig':>4} {'95% CI (bootstrap)':>19} {'recall':>8} {'hit':>8} {'TPOT ms':>8} {'MB':>8}")
-    for row in table.itertuples(index=False):
-        metric = row.metric if row.filter in ("", "none") else f"{row.metric}/{row.filter}"
-        ci = "" if math.isnan(row.ci_low) else f"[{row.ci_low:+.4f},{row.ci_high:+.4f}]"
-        significant = {None: "-", True: "yes", False: "no"}[row.significant]
-        megabytes = row.bytes_transferred_delta / 1e6 if pd.notna(row.bytes_transferred_delta) else math.nan
-        lines.append(f"{row.task[:24]:<24} {metric[:18]:<18} {_num(row.n, 'd'):>6} {_num(row.value_a):>8} "
-                     f"{_num(row.value_b):>8} {_num(row.delta, '+.4f'):>8} {row.test[:14]:<14} "
-                     f"{_num(row.p_value, '.3g'):>8} {significant:>4} {ci:>19} "
-                     f"{_num(row.recall_at_k_delta, '+.4f'):>8} {_num(row.hit_rate_delta, '+.4f'):>8} "
-                     f"{_num(row.tpot_ms_delta, '+.2f'):>8} {_num(megabytes, '+.2f'):>8}")
+    columns = [Column("task", max_width=24), Column("metric", max_width=18), Column("n", "d"), Column("A", ".4f"),
+               Column("B", ".4f"), Column("delta", "+.4f"), Column("test", max_width=14), Column("p", ".3g"),
+               "sig", "95% CI (bootstrap)", Column("recall", "+.4f"), Column("hit", "+.4f"),
+               Column("TPOT ms", "+.2f"), Column("MB", "+.2f")]
+    lines.append(format_table([_comparison_cells(row) for row in table.itertuples(index=False)], columns))
     lines.append("delta = B - A over the documents both runs scored.")
     for test in sorted(set(table["test"]) & set(WHY_TEST)):
         lines.append(f"significance ({test}, p < {ALPHA}): {WHY_TEST[test]}.")
@@ -250,7 +252,3 @@ def _engine_notes(table: pd.DataFrame) -> list[str]:
             notes.append(f"engine {task}: recall/hit/TPOT/MB are whole-run deltas{docs}, not restricted to the "
                          "paired documents: no per-document engine values stored")
     return notes
-def _num(value, spec: str = ".4f") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(int(value), spec) if spec == "d" else format(float(value), spec)

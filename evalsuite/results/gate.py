@@ -14,6 +14,7 @@ import math
 
 import pandas as pd
 
+from ..table import Column, format_table
 from ..yaml_file import read_yaml
 from .compare import compare, smallest_k
 
@@ -211,14 +212,12 @@ def evaluate_gates(db, rules: list[dict]) -> pd.DataFrame:
 
 
 def format_gates(table: pd.DataFrame) -> str:
-    lines = [f"{'gate':<28} {'result':<6} {'value':>10} {'limit':<26} {'runs':<12} detail"]
-    for row in table.itertuples(index=False):
-        value = "-" if math.isnan(row.value) else f"{row.value:.4g}"
-        lines.append(f"{row.name[:28]:<28} {'PASS' if row.passed else 'FAIL':<6} {value:>10} {row.limit[:26]:<26} "
-                     f"{row.runs[:12]:<12} {row.detail}")
+    columns = [Column("gate", max_width=28), "result", Column("value", ".4g"), Column("limit", max_width=26),
+               Column("runs", max_width=12), "detail"]
+    cells = [[row.name, "PASS" if row.passed else "FAIL", row.value, row.limit, row.runs, row.detail]
+             for row in table.itertuples(index=False)]
     failed = int((~table["passed"]).sum())
-    lines.append(f"{len(table) - failed} passed, {failed} failed")
-    return "\n".join(lines)
+    return format_table(cells, columns) + f"\n{len(table) - failed} passed, {failed} failed"
 
 
 def gate(db, config_path: str, out=print) -> int:
