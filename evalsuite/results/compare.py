@@ -49,6 +49,8 @@ def bootstrap_ci(scores_a, scores_b, rounds: int = BOOTSTRAP_ROUNDS, level: floa
     a, b = np.asarray(scores_a, float), np.asarray(scores_b, float)
     if a.size < 2:  # one document has no spread to resample
         return math.nan, math.nan
+    # percentile, not scipy's default BCa: BCa is NaN when every paired difference is the same (two exact
+    # modes: all zero), a common comparison here; `random_state`, not `rng` (scipy >= 1.15), keeps scipy 1.10
     result = bootstrap((a, b), _mean_difference, paired=True, vectorized=True, n_resamples=rounds,
                        confidence_level=level, method="percentile", random_state=np.random.default_rng(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
