@@ -27,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from evalsuite import timing  # noqa: E402
+from evalsuite.table import Column, format_table  # noqa: E402
 from evalsuite.tasks import TASKS_DIR  # noqa: E402
 
 RP_PREDICTORS = ("gate", "quasi", "adapter", "estimator")
@@ -82,12 +83,11 @@ def main() -> int:
     out["replay_s"], rows = suite(args.model, tasks, args.limit, args.batch_size, "replay", artifact, workdir, grid)
     if not args.skip_measure:
         out["measure_s"], measured = suite(args.model, tasks, args.limit, 1, "measure", artifact, workdir, grid)
-    print(f"{'way':<34}{'wall s':>10}{'x plain':>10}")
-    print(f"{'plain lm_eval hf, batch ' + str(args.batch_size):<34}{out['plain_s']:>10.1f}{1.0:>10.2f}")
-    print(f"{'--plan replay, batch ' + str(args.batch_size):<34}{out['replay_s']:>10.1f}"
-          f"{out['replay_s'] / out['plain_s']:>10.2f}")
+    ways = [(f"plain lm_eval hf, batch {args.batch_size}", "plain_s"),
+            (f"--plan replay, batch {args.batch_size}", "replay_s"), ("--plan measure, batch 1", "measure_s")]
+    print(format_table([[way, out[key], out[key] / out["plain_s"]] for way, key in ways if key in out],
+                       ["way", Column("wall s", ".1f"), Column("x plain", ".2f")]))
     if "measure_s" in out:
-        print(f"{'--plan measure, batch 1':<34}{out['measure_s']:>10.1f}{out['measure_s'] / out['plain_s']:>10.2f}")
         print(f"replay is {out['measure_s'] / out['replay_s']:.1f}x faster than measuring every configuration")
     print(f"{len(rows)} rows replayed: "
           + ", ".join(sorted({r['mode'] for r in rows})))
