@@ -35,6 +35,7 @@ from ..results.lm_eval_rows import stored_results
 from ..results.database import error_line
 from .preflight import predictors_for
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
+from .request import load_adapter, run_config
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
     open_run, save_json, table_rows
 
@@ -81,8 +82,6 @@ def describe(passes: list[Pass], target, request) -> str:
 
 def run_plan(db, request, target) -> list[dict]:
     """Every pass of the plan, each run stored as soon as its task is replayed (see the module doc)."""
-    from .suite import load_adapter, run_config
-
     passes = plan_passes(request.modes, request.predictor)
     request.progress(describe(passes, target, request))
     rows, costs, reference = [], None, {}
@@ -136,7 +135,7 @@ def run_plan(db, request, target) -> list[dict]:
                     save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, out, out["engine"])
                     rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id,
-                                       time.time() - started)
+                                       time.time() - started, replayed=True)
             status = "complete"
         except KeyboardInterrupt:
             status = "incomplete"
@@ -166,7 +165,8 @@ def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
         stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
         if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
-        rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0)
+        rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0,
+                           replayed=True)
     return rows
 
 

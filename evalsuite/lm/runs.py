@@ -127,7 +127,8 @@ def file_hash(path: str | None) -> str | None:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | None = None) -> list[dict]:
+def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | None = None,
+               replayed: bool = False) -> list[dict]:
     rows = []
     for task, values in sorted(results["results"].items()):
         headline = accuracy(values)
@@ -139,7 +140,7 @@ def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | No
                      "tpot_ms": values.get("tpot_ms,engine"), "tpot_p10": values.get("tpot_ms_p10,engine"),
                      "tpot_p90": values.get("tpot_ms_p90,engine"), "busy": busy,
                      "identical_share": diverged.get(task, {}).get("identical_share"), "run": run_id,
-                     "seconds": seconds})
+                     "seconds": seconds, "replayed": replayed})
     return rows
 
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 
-from .. import __version__, timing
+from .. import timing
 from ..results.lm_eval_rows import stored_results
-from ..results.provenance import git_commit
 from ..results.database import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..table import Column, format_table
-from ..engine.modes import MODES, REFERENCE, default_predictor
+from ..engine.modes import REFERENCE
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, predictors_for, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
-from .runs import (check_generation_lengths, divergence, engine_config, evaluate_task, file_hash, finish, open_run,
+from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
+from .runs import (check_generation_lengths, divergence, evaluate_task, finish, open_run,
                    save_json, table_rows)
 
 PLANS = ("measure", "replay")
@@ -37,25 +36,6 @@ def is_vision_language(model: str) -> bool:
         return False  # run_suite reports the missing model
     with open(path) as f:
         return "vision_config" in json.load(f)
-
-
-def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
-               link: str | None, extra: str = "", dtype: str | None = None, **engine_options) -> str:
-    """lm-eval's model_args for one run: the mode's own predictor where none is given, and only the options
-    the mode uses; `engine_options` (cache_policy, cache_pools, store) go to every offloading mode."""
-    args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
-    if dtype is not None:
-        args.append(f"dtype={dtype}")
-    predictor = default_predictor(mode, predictor)
-    if predictor:
-        args.append(f"predictor={predictor}")
-    if predictor_path and MODES[mode].predicts:
-        args.append(f"predictor_path={predictor_path}")
-    if link and MODES[mode].offloads:
-        args.append(f"link={link}")
-    if MODES[mode].offloads:
-        args += [f"{name}={value}" for name, value in engine_options.items() if value is not None]
-    return ",".join(args + ([extra] if extra else []))
 
 
 def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
@@ -131,72 +111,6 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
     return rows
 
 
-@dataclass
-class Request:
-    """Everything of an eval request that is the same for every model."""
-
-    modes: list
-    predictor: object
-    predictor_path: str | None
-    limit: int
-    cache_capacity: object
-    link: str | None
-    engine_options: dict  # cache_policy, cache_pools, store
-    options: dict  # lm-eval's: num_fewshot, gen_kwargs, apply_chat_template, seed
-    device: str
-    dtype: str | None
-    batch_size: int
-    threads: int
-    out_dir: str
-    fresh: bool
-    confirm_run_unsafe_code: bool
-    progress: object
-    extra_config: dict
-    manager: object
-
-
-@dataclass
-class Target:
-    """One model of the request."""
-
-    name: str
-    path: str
-    adapter: str
-    tokenizer: object
-    tasks: list
-    sandbox: str | None
-
-
-def load_adapter(request: Request, target: Target, mode: str, predictor: str | None, batch_size: int | None = None,
-                 cache_capacity=None, link="request", extra: str = ""):
-    """The lm-eval model of one configuration (model_args as `model_args` writes them, the request's cache and
-    link unless given) and those args."""
-    from lm_eval.api.registry import get_model
-
-    args = model_args(target.path, mode, predictor, request.predictor_path, cache_capacity or request.cache_capacity,
-                      request.link if link == "request" else link, extra=extra, dtype=request.dtype,
-                      **request.engine_options)
-    lm = get_model(target.adapter).create_from_arg_string(
-        args, {"batch_size": batch_size or request.batch_size, "device": request.device})
-    return lm, args
-
-
-def run_config(request: Request, target: Target, lm, mode: str, args: str, **extra) -> dict:
-    """The stored configuration of one run: what tells it apart from every other (see run_suite)."""
-    return {"model": target.name, "model_path": os.path.abspath(target.path),
-            "mode": mode, "predictor": lm.engine.describe()["predictor"],
-            "predictor_artifact": file_hash(request.predictor_path), "seed": request.options["seed"],
-            "cache_capacity": str(request.cache_capacity) if MODES[mode].offloads else None,
-            **engine_config(lm.engine), "link": request.link if MODES[mode].offloads else None, "limit": request.limit,
-            "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.device,
-            "batch_size": request.batch_size, "num_fewshot": request.options["num_fewshot"],
-            "gen_kwargs": request.options["gen_kwargs"], "apply_chat_template": request.options["apply_chat_template"],
-            "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(target.tasks),
-            "sandbox": target.sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
-            "threads": request.threads, "machine": timing.machine(request.device), "engine_metrics": "measured",
-            **request.extra_config, **extra}
-
-
 def measured_run(db, request: Request, target: Target, mode: str, predictor: str | None, reference: dict) -> list[dict]:
     """One configuration through the engine, task by task; `reference` collects resident's results (run first)
     for the divergence of the modes after it."""
@@ -260,6 +174,9 @@ def format_rows(rows) -> str:
     if loads:
         lines.append(f"* timed while the machine was busy (load average up to {max(loads):.1f} on {os.cpu_count()} "
                      "cores): these TPOTs measure the other work too; compare TPOT from a quiet machine")
+    if any(r.get("replayed") for r in rows):
+        lines.append("~ replayed (--plan replay): hit rate and TPOT from the recorded routing through the engine's "
+                     "cache and scheduler, in time simulated from this machine's measured costs")
     return "\n".join(lines)
 
 
@@ -267,5 +184,6 @@ def _tpot(row) -> str:
     if row["tpot_ms"] is None:
         return "-"
     spread = f" [{row['tpot_p10']:.2f}-{row['tpot_p90']:.2f}]" if row.get("tpot_p10") is not None else ""
-    return f"{row['tpot_ms']:.2f}{spread}{'*' if row.get('busy') is not None else ''}"
+    mark = "*" if row.get("busy") is not None else "~" if row.get("replayed") else ""
+    return f"{row['tpot_ms']:.2f}{spread}{mark}"
 
