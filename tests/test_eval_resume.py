@@ -56,7 +56,7 @@ def test_killed_eval_resumes_and_stores_every_result_once(tmp_path):
 @pytest.fixture(autouse=True)
 def _one_code_version(monkeypatch):
     # the checkout is shared: a commit landing between two evaluations would change their configuration
-    monkeypatch.setattr("evalsuite.lm.suite.git_commit", lambda: "0" * 40)
+    monkeypatch.setattr("evalsuite.lm.request.git_commit", lambda: "0" * 40)
 
 
 def _suite(db, out, modes=("resident",), limit=2):

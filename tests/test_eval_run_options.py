@@ -18,7 +18,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 @pytest.fixture(autouse=True)
 def _one_code_version(monkeypatch):
     # the checkout is shared: a commit landing between two evaluations would change their configuration
-    monkeypatch.setattr("evalsuite.lm.suite.git_commit", lambda: "0" * 40)
+    monkeypatch.setattr("evalsuite.lm.request.git_commit", lambda: "0" * 40)
 
 
 def suite(db, out, **options):

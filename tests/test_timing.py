@@ -38,7 +38,7 @@ def test_a_cpu_timing_is_busy_when_the_load_leaves_no_core_per_thread(monkeypatc
 
 
 def test_eval_pins_threads_records_them_and_the_machine_and_warms_up(tmp_path, monkeypatch):
-    monkeypatch.setattr("evalsuite.lm.suite.git_commit", lambda: "0" * 40)
+    monkeypatch.setattr("evalsuite.lm.request.git_commit", lambda: "0" * 40)
     warmed = []
     real = timing.warm_up
     monkeypatch.setattr(timing, "warm_up", lambda *a: (warmed.append(a[2].mode), real(*a)))

@@ -32,12 +32,11 @@ from ..engine.shadows import routing_trace
 from ..engine.transfer import parse_link
 from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
-from ..results.database import error_line
 from .preflight import predictors_for
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
 from .request import load_adapter, run_config
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
-    open_run, save_json, table_rows
+    open_run, save_json, table_rows, writing
 
 COST_TOKENS, COST_REPEATS = 16, 3  # the cost measurement's generation
 
@@ -105,8 +104,7 @@ def run_plan(db, request, target) -> list[dict]:
             for run_id, _, _ in runs.values():
                 finish(db, run_id, "incomplete", None)
             raise
-        status, error = "failed", None
-        try:
+        with writing(db, [run_id for run_id, _, _ in runs.values()], lm.engine):
             rows += _stored_rows(db, runs, target, p, reference)
             missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
             if missing:
@@ -136,19 +134,6 @@ def run_plan(db, request, target) -> list[dict]:
                     db.add_lm_eval_tasks(run_id, out, out["engine"])
                     rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id,
                                        time.time() - started, replayed=True)
-            status = "complete"
-        except KeyboardInterrupt:
-            status = "incomplete"
-            raise
-        except BaseException as exc:
-            error = error_line(exc)
-            raise
-        finally:
-            try:
-                for run_id, _, _ in runs.values():
-                    finish(db, run_id, status, error)
-            finally:
-                lm.engine.close()
     return rows
 
 

@@ -3,6 +3,7 @@ earlier one resumed), each task evaluated through lm-eval and written as soon as
 of the printed table."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import time
 
 from ..engine.metrics import token_divergence
 from ..results.claim import claim_run
+from ..results.database import error_line
 from .preflight import task_configs
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
@@ -100,6 +102,28 @@ def finish(db, run_id: int, status: str, error: str | None) -> None:
     except ValueError:
         if status == "complete":
             raise
+
+
+@contextlib.contextmanager
+def writing(db, run_ids: list[int], engine):
+    """Runs being written by the block: each closed 'complete' when it ends, 'incomplete' on Ctrl-C (resumable,
+    like a killed run) and 'failed' with its error otherwise; the engine is closed whatever happens."""
+    status, error = "failed", None
+    try:
+        yield
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "incomplete"
+        raise
+    except BaseException as exc:
+        error = error_line(exc)
+        raise
+    finally:
+        try:
+            for run_id in run_ids:
+                finish(db, run_id, status, error)
+        finally:
+            engine.close()
 
 
 def check_generation_lengths(manager, tasks, lm, model_name: str) -> None:

@@ -14,7 +14,6 @@ import time
 
 from .. import timing
 from ..results.lm_eval_rows import stored_results
-from ..results.database import error_line
 from ..scoring.sandbox import confinement_to_use
 from ..table import Column, format_table
 from ..engine.modes import REFERENCE
@@ -22,8 +21,7 @@ from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, predictors_for, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
 from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
-from .runs import (check_generation_lengths, divergence, evaluate_task, finish, open_run,
-                   save_json, table_rows)
+from .runs import check_generation_lengths, divergence, evaluate_task, open_run, save_json, table_rows, writing
 
 PLANS = ("measure", "replay")
 SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
@@ -123,8 +121,8 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
     except BaseException:
         lm.engine.close()
         raise
-    rows, status, error = [], "failed", None
-    try:
+    rows = []
+    with writing(db, [run_id], lm.engine):
         if done:  # stored by an earlier, interrupted invocation: read back from this database only
             stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
             if mode == REFERENCE:
@@ -148,18 +146,6 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             db.add_lm_eval_tasks(run_id, results, results.get("engine"))
             rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
                                busy=timing.busy(request.device))
-        status = "complete"
-    except KeyboardInterrupt:
-        status = "incomplete"  # resumable, like a killed run
-        raise
-    except BaseException as exc:
-        error = error_line(exc)
-        raise
-    finally:
-        try:
-            finish(db, run_id, status, error)
-        finally:
-            lm.engine.close()
     return rows
 
 
