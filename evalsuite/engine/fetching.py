@@ -21,10 +21,10 @@ class ExpertFetching:
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
         counters = self.record.counters[layer]
-        if self.tracer is not None and not self.shadow:
+        if self.tracer is not None and not self.looking_ahead:
             self.tracer.executed(layer, needed)
         self.hit_of = {}
-        if self.shadow:  # the oracle's look-ahead: compute from the store, count nothing
+        if self.looking_ahead:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
             return

@@ -39,7 +39,7 @@ def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     else:
         out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
                           lambda needed: engine.weights_in_order(layer, experts, needed))
-    if engine.kinds is not None and not engine.shadow:
+    if engine.kinds is not None and not engine.looking_ahead:
         engine.kinds.count_hits(engine.record.kinds, top_k_index, engine.hit_of)
     return out
 
@@ -116,7 +116,7 @@ class Engine(ExpertFetching):
         self.link = parse_link(link)
         self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
-        self.shadow = self.decoding = False
+        self.looking_ahead = self.decoding = False
         self._prefetched: set = set()  # prefetched experts not yet used
         self._prefetch_s, self._prefetch_n = 0.0, 0
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
@@ -220,7 +220,7 @@ class Engine(ExpertFetching):
 
     def _native_hook(self, layer: int):
         def hook(module, args, output):
-            if not self.shadow:
+            if not self.looking_ahead:
                 self.tracer.native(layer, output[2].detach().clone())  # the model may reuse its tensor
         return hook
 
@@ -241,7 +241,7 @@ class Engine(ExpertFetching):
 
     def count_resident(self, layer: int, needed: list[int]) -> None:
         """Every expert a resident layer uses is a hit (nothing moves)."""
-        if self.shadow:  # the oracle's look-ahead counts nothing
+        if self.looking_ahead:  # the oracle's look-ahead counts nothing
             return
         if self.tracer is not None:
             self.tracer.executed(layer, needed)
@@ -253,9 +253,9 @@ class Engine(ExpertFetching):
     # ---- per-request timing ---------------------------------------------------------------
     def _before_forward(self, module, args, kwargs):
         # transformers 5 generate passes `cache=`; direct calls use `past_key_values=`.
-        cache_arg = "cache" if "cache" in kwargs else "past_key_values"
-        cache = kwargs.get(cache_arg)
-        self.decoding = cache is not None and cache.get_seq_length() > 0
+        kv_arg = "cache" if "cache" in kwargs else "past_key_values"
+        kv_cache = kwargs.get(kv_arg)  # the attention's key/value cache (self.cache is the expert cache)
+        self.decoding = kv_cache is not None and kv_cache.get_seq_length() > 0
         if not self.decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
@@ -267,19 +267,19 @@ class Engine(ExpertFetching):
         if self.kinds is not None:
             self.kinds.forward_started(kwargs.get("input_ids", args[0] if args else None), kwargs.get("attention_mask"))
         if self.predictor is not None and self.predictor.name == "oracle":
-            self._shadow_pass(module, args, kwargs, cache_arg, cache)
+            self._look_ahead(module, args, kwargs, kv_arg, kv_cache)
 
-    def _shadow_pass(self, module, args, kwargs, cache_arg, cache):
+    def _look_ahead(self, module, args, kwargs, kv_arg, kv_cache):
         """Run this forward pass once without side effects, recording the true routing."""
         shadow_kwargs = dict(kwargs)
-        if cache is not None:
-            shadow_kwargs[cache_arg] = copy.deepcopy(cache)
-        self.shadow = True
+        if kv_cache is not None:
+            shadow_kwargs[kv_arg] = copy.deepcopy(kv_cache)
+        self.looking_ahead = True
         try:
             with torch.no_grad():
                 module.forward(*args, **shadow_kwargs)
         finally:
-            self.shadow = False
+            self.looking_ahead = False
 
     def _after_forward(self, module, args, output):
         if self.device.type == "cuda":  # the forward's end: its kernels done; copies still in flight need not be

@@ -124,7 +124,7 @@ class PredictionDriver:
     def on_router(self, pos, router, x, output):
         engine = self.engine
         logits, weights, ids = output
-        if engine.shadow:  # the oracle's shadow pass only records the true routing
+        if engine.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
             return None
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean

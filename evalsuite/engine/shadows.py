@@ -70,13 +70,13 @@ class ShadowPredictions:
 
     def _native_hook(self, pos):
         def hook(module, args, output):
-            if not self.engine.shadow:
+            if not self.engine.looking_ahead:
                 self._native(pos, output[2])
         return hook
 
     def _after_hook(self, pos):
         def hook(module, args, output):
-            if not self.engine.shadow:
+            if not self.engine.looking_ahead:
                 self._predict(pos, args[0].reshape(-1, args[0].shape[-1]), output)
         return hook
 

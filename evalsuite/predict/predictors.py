@@ -105,14 +105,14 @@ class FrequencyPredictor(Predictor):
 
 
 class OraclePredictor(Predictor):
-    """The upper bound: the routing a shadow pass recorded for this very forward pass."""
+    """The upper bound: the routing a look-ahead pass recorded for this very forward pass."""
 
     name, horizons = "oracle", (1, 2)
-    stateless = False  # reads the routing its shadow pass recorded for this forward pass
+    stateless = False  # reads the routing its look-ahead pass recorded for this forward pass
 
     def __init__(self, layers, family, artifact=None):
         super().__init__(layers, family, artifact)
-        self.trace: dict[int, torch.Tensor] = {}  # position -> [T, K] ids, filled by the shadow pass
+        self.trace: dict[int, torch.Tensor] = {}  # position -> [T, K] ids, filled by the look-ahead pass
 
     def scores(self, state, h):
         ids = self.trace[state.pos + h]
@@ -122,7 +122,7 @@ class OraclePredictor(Predictor):
         return scores.scatter(1, ids, ranks)
 
     def next_token_scores(self, x):
-        return None  # the shadow pass sees this forward pass only, not the next token's
+        return None  # the look-ahead pass sees this forward pass only, not the next token's
 
 
 def _ranked_scores(ids: list[int], experts: int, rows: int, device) -> torch.Tensor:
