@@ -212,7 +212,7 @@ def evaluate_gates(db, rules: list[dict]) -> pd.DataFrame:
 
 
 def format_gates(table: pd.DataFrame) -> str:
-    columns = [Column("gate", max_width=28), "result", Column("value", ".4g"), Column("limit", max_width=26),
+    columns = ["gate", "result", Column("value", ".4g"), Column("limit", max_width=26),
                Column("runs", max_width=12), "detail"]
     cells = [[row.name, "PASS" if row.passed else "FAIL", row.value, row.limit, row.runs, row.detail]
              for row in table.itertuples(index=False)]
