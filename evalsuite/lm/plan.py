@@ -218,8 +218,7 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
     trace = routing_trace(shadows.sequences, predictor, [l.index for l in layers], experts, top_k, meta)
     capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
     options = request.engine_options
-    replay_mode = "on-demand" if mode == "router-preserving" and predictor is None else mode
-    stats = replayed_stats(trace, costs.get(predictor, costs[None]), capacity, replay_mode,
+    stats = replayed_stats(trace, costs.get(predictor, costs[None]), capacity, mode,
                            options.get("cache_policy") or "lru", (options.get("cache_pools") or "global") == "per-layer")
     recall = shadows.recall.get(predictor) if predictor else None
     if MODES[mode].speculates:  # speculating layers prefetch what they execute: precision 1.0 by construction
