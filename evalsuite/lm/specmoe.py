@@ -218,12 +218,15 @@ class EngineAdapter:
 
 def batch_one_length(tokenizer, generated: list[int], stop: list[str], eos: set[int]) -> int:
     """How many of a batched row's generated tokens its batch-1 generation makes: up to the first
-    end-of-sequence token or stop sequence, checked after each token by lm-eval's own criterion."""
-    criteria = stop_sequences_criteria(tokenizer, stop, 0, 1)
-    for n in range(1, len(generated) + 1):
-        if generated[n - 1] in eos or any(c(torch.tensor([generated[:n]]), None) for c in criteria):
-            return n
-    return len(generated)
+    end-of-sequence token or stop sequence. lm-eval's criterion decodes, after each token, the last
+    `sequence_id_len` generated tokens and stops once the stop sequence is in them; the same windows are
+    decoded here, every step's in one batch_decode call."""
+    length = next((n for n, token in enumerate(generated, 1) if token in eos), len(generated))
+    for criterion in stop_sequences_criteria(tokenizer, stop, 0, 1):
+        window = criterion.sequence_id_len
+        texts = tokenizer.batch_decode([generated[max(0, n - window):n] for n in range(1, length)])
+        length = next((n for n, text in enumerate(texts, 1) if criterion.sequence in text), length)
+    return length
 
 
 class ShadowRecord:
