@@ -74,3 +74,24 @@ def test_router_preserving_replayed_is_within_two_points_of_measured(model_type)
     assert measured["prefetches"] > 0
     assert replayed["hit_rate"] == pytest.approx(measured["hit_rate"], abs=0.02)
     assert replayed["prefetch_precision"] == pytest.approx(measured["prefetch_precision"], abs=0.02)
+
+
+def test_a_replay_in_the_replay_process_equals_one_run_here():
+    from evalsuite.lm import plan
+    from evalsuite.perf.replay import replayed_sequences
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(3)
+    engine = evalsuite.offload(model, mode="resident", shadows=["gate"])
+    with torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    _, sequences = engine.take_shadows()
+    layers = [l.index for l in engine.layers]
+    experts, top_k = engine.layers[0].num_experts, engine.layers[0].top_k
+    engine.close()
+    costs = Costs(dense_s=1e-4, expert_s=5e-5, step_s=1e-4, transfer_s=3e-4, predictor_s=2e-5)
+    args = (sequences, "gate", layers, experts, top_k, {"expert_bytes": 1024}, costs, experts, "router-preserving")
+    here = plan._Inline.submit(replayed_sequences, *args).result()
+    there = plan.replays().submit(replayed_sequences, *args).result()
+    assert here == there
+    assert here["expert_uses"] > 0 and here["misses"] > 0  # the replay did run, and met a cold cache

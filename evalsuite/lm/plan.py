@@ -17,9 +17,13 @@ generated it) in its configuration; `--plan measure` runs every configuration th
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import multiprocessing
+import os
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,8 +32,8 @@ from .. import timing
 from ..engine.cache import capacity_in_experts
 from ..engine.metrics import recall_summary, summarise
 from ..engine.modes import MODES, REFERENCE
-from ..engine.shadows import routing_trace
 from ..engine.transfer import parse_link
+from ..perf.replay import replayed_sequences
 from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
 from .preflight import predictors_for
@@ -80,60 +84,63 @@ def describe(passes: list[Pass], target, request) -> str:
 
 
 def run_plan(db, request, target) -> list[dict]:
-    """Every pass of the plan, each run stored as soon as its task is replayed (see the module doc)."""
+    """Every pass of the plan; each run's tasks are stored once their replays are done, after the last pass
+    (the replays run in a second process meanwhile, see `replays`; the runs close when all are stored)."""
     passes = plan_passes(request.modes, request.predictor)
     request.progress(describe(passes, target, request))
-    rows, costs, reference = [], None, {}
-    for index, p in enumerate(passes):
-        speculative = MODES[p.mode].speculates
-        # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
-        extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
-        if speculative:  # every expert stays in the model: its tokens do not depend on the cache
-            extra.append("keep_experts=True")
-        if p.shadows and request.predictor_path and not speculative:
-            extra.append(f"predictor_path={request.predictor_path}")
-        lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
-        runs = {}
-        try:
-            check_generation_lengths(request.manager, target.tasks, lm, target.name)
-            for mode, chosen in p.serves:
-                config = replayed_config(run_config(request, target, lm, mode, args), request, mode, chosen, p)
-                runs[(mode, chosen)] = open_run(db, config, request.fresh, request.progress)
-        except BaseException:
-            lm.engine.close()
-            for run_id, _, _ in runs.values():
-                finish(db, run_id, "incomplete", None)
-            raise
-        with writing(db, [run_id for run_id, _, _ in runs.values()], lm.engine):
-            rows += _stored_rows(db, runs, target, p, reference)
-            missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
-            if missing:
-                if costs is None:
-                    costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows])
-                timing.warm_up(lm.model, target.tokenizer, lm.engine)
-                if index == 0:
-                    request.progress(estimate(lm, target, request, passes, missing))
-            for task in missing:
-                request.progress(f"[evalsuite] {target.name} / pass {p.label} / {task} (limit {request.limit})")
-                started = time.time()
-                results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
-                                                           request.confirm_run_unsafe_code))
-                shadows = lm.shadow_records.pop(task)
-                if p.mode == REFERENCE:
-                    reference[task] = results
-                for (mode, chosen), (run_id, uid, done) in runs.items():
-                    if task in done:
-                        continue
-                    summary = replayed_summary(lm.engine, shadows, costs, request, mode, chosen)
-                    out = with_engine_summary(results, task, summary)
-                    diverged = divergence(out, reference[task], target.tokenizer) \
-                        if speculative and task in reference else {}
-                    out["divergence"] = diverged
-                    name = target.name.replace("/", "--")
-                    save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
-                    db.add_lm_eval_tasks(run_id, out, out["engine"])
-                    rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id,
-                                       time.time() - started, replayed=True)
+    rows, costs, reference, queued = [], None, {}, []
+    with contextlib.ExitStack() as open_runs:
+        for index, p in enumerate(passes):
+            speculative = MODES[p.mode].speculates
+            # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
+            extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
+            if speculative:  # every expert stays in the model: its tokens do not depend on the cache
+                extra.append("keep_experts=True")
+            if p.shadows and request.predictor_path and not speculative:
+                extra.append(f"predictor_path={request.predictor_path}")
+            lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
+            runs = {}
+            try:
+                check_generation_lengths(request.manager, target.tasks, lm, target.name)
+                for mode, chosen in p.serves:
+                    config = replayed_config(run_config(request, target, lm, mode, args), request, mode, chosen, p)
+                    runs[(mode, chosen)] = open_run(db, config, request.fresh, request.progress)
+            except BaseException:
+                lm.engine.close()
+                for run_id, _, _ in runs.values():
+                    finish(db, run_id, "incomplete", None)
+                raise
+            open_runs.enter_context(writing(db, [run_id for run_id, _, _ in runs.values()], None))
+            with contextlib.closing(lm.engine):
+                rows += _stored_rows(db, runs, target, p, reference)
+                missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
+                if missing:
+                    if costs is None:
+                        costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows])
+                    timing.warm_up(lm.model, target.tokenizer, lm.engine)
+                    if index == 0:
+                        request.progress(estimate(lm, target, request, passes, missing))
+                for task in missing:
+                    request.progress(f"[evalsuite] {target.name} / pass {p.label} / {task} (limit {request.limit})")
+                    started = time.time()
+                    results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager,
+                                                               request.options, request.confirm_run_unsafe_code))
+                    shadows = lm.shadow_records.pop(task)
+                    if p.mode == REFERENCE:
+                        reference[task] = results
+                    queued += [(runs[(mode, chosen)], mode, chosen, task, results, started,
+                                replayed_summary(lm.engine, shadows, costs, request, mode, chosen))
+                               for (mode, chosen), (_, _, done) in runs.items() if task not in done]
+        for (run_id, uid, _), mode, chosen, task, results, started, summary in queued:
+            out = with_engine_summary(results, task, summary())
+            diverged = divergence(out, reference[task], target.tokenizer) \
+                if MODES[mode].speculates and task in reference else {}
+            out["divergence"] = diverged
+            name = target.name.replace("/", "--")
+            save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
+            db.add_lm_eval_tasks(run_id, out, out["engine"])
+            rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
+                               replayed=True)
     return rows
 
 
@@ -208,24 +215,55 @@ def measure(lm, target, request, predictors: list[str]):
     return out
 
 
-def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor: str | None) -> dict:
-    """One run's engine summary (the keys of EngineRecord.summary) replayed from a pass's shadow record."""
-    from ..perf.replay import replayed_stats
-
+def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor: str | None):
+    """One run's engine summary (the keys of EngineRecord.summary) replayed from a pass's shadow record: the
+    replay starts in the replay process now; call what this returns to wait for the summary."""
     layers = engine.layers
     experts, top_k = layers[0].num_experts, layers[0].top_k
     meta = {"expert_bytes": engine.layout.nbytes, "budget": engine.budget}
-    trace = routing_trace(shadows.sequences, predictor, [l.index for l in layers], experts, top_k, meta)
+    sequences = [replace(s, prefill_predicted={k: v for k, v in s.prefill_predicted.items() if k == predictor},
+                         predicted={k: v for k, v in s.predicted.items() if k == predictor})
+                 for s in shadows.sequences]  # what the replay reads, and no more, goes to the replay process
     capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
     options = request.engine_options
-    stats = replayed_stats(trace, costs.get(predictor, costs[None]), capacity, mode,
-                           options.get("cache_policy") or "lru", (options.get("cache_pools") or "global") == "per-layer")
+    stats = replays().submit(replayed_sequences, sequences, predictor, [l.index for l in layers], experts, top_k,
+                             meta, costs.get(predictor, costs[None]), capacity, mode,
+                             options.get("cache_policy") or "lru",
+                             (options.get("cache_pools") or "global") == "per-layer")
     recall = shadows.recall.get(predictor) if predictor else None
-    if MODES[mode].speculates:  # speculating layers prefetch what they execute: precision 1.0 by construction
-        stats["prefetch_precision"] = None
-    return {**stats, "requests": stats["sequences"], "ttft_ms": summarise([]), "layers": {},
-            "recall": {k: recall_summary(layers_) for k, layers_ in recall.items()} if recall else None,
-            "by_token_kind": None}
+
+    def summary() -> dict:
+        out = stats.result()
+        if MODES[mode].speculates:  # speculating layers prefetch what they execute: precision 1.0 by construction
+            out["prefetch_precision"] = None
+        return {**out, "requests": out["sequences"], "ttft_ms": summarise([]), "layers": {},
+                "recall": {k: recall_summary(layers_) for k, layers_ in recall.items()} if recall else None,
+                "by_token_kind": None}
+    return summary
+
+
+class _Inline:
+    """A replay pool of no process: each replay runs when submitted (one core, or no fork)."""
+
+    @staticmethod
+    def submit(fn, *args) -> Future:
+        done = Future()
+        done.set_result(fn(*args))
+        return done
+
+
+_REPLAYS = None
+
+
+def replays():
+    """Where replays run: a second process (forked: a replay is pure Python over the trace it is sent, and
+    needs nothing the model process is doing), so the next generation need not wait for them; inline on a
+    machine of one core, where they would only take its time."""
+    global _REPLAYS
+    if _REPLAYS is None:
+        forks = "fork" in multiprocessing.get_all_start_methods() and (os.cpu_count() or 1) > 1
+        _REPLAYS = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) if forks else _Inline()
+    return _REPLAYS
 
 
 def with_engine_summary(results: dict, task: str, summary: dict) -> dict:

@@ -107,7 +107,7 @@ def finish(db, run_id: int, status: str, error: str | None) -> None:
 @contextlib.contextmanager
 def writing(db, run_ids: list[int], engine):
     """Runs being written by the block: each closed 'complete' when it ends, 'incomplete' on Ctrl-C (resumable,
-    like a killed run) and 'failed' with its error otherwise; the engine is closed whatever happens."""
+    like a killed run) and 'failed' with its error otherwise; the engine (if given) is closed whatever happens."""
     status, error = "failed", None
     try:
         yield
@@ -123,7 +123,8 @@ def writing(db, run_ids: list[int], engine):
             for run_id in run_ids:
                 finish(db, run_id, status, error)
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
 
 
 def check_generation_lengths(manager, tasks, lm, model_name: str) -> None:

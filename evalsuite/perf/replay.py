@@ -20,6 +20,7 @@ from ..engine.cache import ExpertCache
 from ..engine.metrics import Counters, summarise
 from ..engine.modes import MODES, Mode
 from ..engine.scheduler import PrefetchScheduler
+from ..engine.shadows import routing_trace
 from .link import SerialLink
 
 # The simulator's one mode beyond the engine's, its idealised case: router-preserving where every
@@ -307,3 +308,11 @@ def replayed_stats(trace, costs, capacity: int, mode: str, policy: str = "lru", 
             "bytes_per_token": total.bytes_transferred / tokens if tokens else None,
             "stall_ms_per_token": replay.decode.stall_s * 1e3 / max(len(trace.steps), 1),
             "tpot_ms": summarise(replay.tpots), "replayed": True}
+
+
+def replayed_sequences(sequences, predictor, layers, experts, top_k, meta, costs, capacity, mode, policy="lru",
+                       per_layer=False) -> dict:
+    """replayed_stats over the trace of shadow-recorded sequences (evalsuite.engine.shadows.routing_trace),
+    built here: the replay process's whole job."""
+    trace = routing_trace(sequences, predictor, layers, experts, top_k, meta)
+    return replayed_stats(trace, costs, capacity, mode, policy, per_layer)
