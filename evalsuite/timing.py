@@ -12,15 +12,22 @@ spread     TPOT is reported as the median over sequences with its 10th-90th perc
 busy       a CPU timing taken while the machine had less than a free core per compute thread
            (load average above cores - threads) is flagged, not printed bare: it measures the
            other work as much as the engine.
+probe      a fixed piece of compute, timed before and after every measured task: a shared virtual
+           machine changes speed by 2x over minutes with no load of its own to show for it, and
+           runs timed one after another then differ by that. The table flags TPOTs whose probes
+           differ by more than DRIFT: their order measures the machine, not the modes.
 """
 from __future__ import annotations
 
 import os
 import platform
+import time
 
 import torch
 
 WARM_UP_TOKENS = 8
+DRIFT = 1.2  # probes further apart than this (max / min) make TPOTs timed between them incomparable
+PROBE_REPEATS = 5
 
 
 def pin(threads: int) -> int:
@@ -45,6 +52,27 @@ def busy(device: str = "cpu") -> float | None:
         return None
     load = os.getloadavg()[0]
     return load if load > (os.cpu_count() or 1) - torch.get_num_threads() + 0.5 else None
+
+
+def probe() -> float:
+    """Milliseconds of a fixed piece of work (matrix products and a Python loop, like a decode step's mix)
+    on the pinned threads: the fastest of PROBE_REPEATS, so a single interruption does not count."""
+    a = torch.ones(96, 96)
+    best = float("inf")
+    for _ in range(PROBE_REPEATS):
+        started = time.perf_counter()
+        for _ in range(200):
+            a = torch.tanh(a @ a * 1e-2)
+        sum(range(100000))
+        best = min(best, time.perf_counter() - started)
+    return best * 1e3
+
+
+def drift(probes: list[float]) -> float | None:
+    """max / min of the probes, when above DRIFT (else None)."""
+    probes = [p for p in probes if p]
+    ratio = max(probes) / min(probes) if probes else 1.0
+    return ratio if ratio > DRIFT else None
 
 
 def warm_up(model, tokenizer, engine=None) -> None:

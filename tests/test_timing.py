@@ -26,6 +26,23 @@ def test_the_table_names_the_metric_gives_the_spread_and_flags_a_busy_machine():
     assert "5.00 [4.50-6.25]*" in busy and "load average up to 3.5" in busy
 
 
+def test_the_table_flags_tpots_timed_while_the_machine_changed_speed():
+    steady = format_rows([row(probes=[10.0, 10.5]), row(mode="resident", probes=[10.2, 10.1])])
+    assert "!" not in steady
+    drifted = format_rows([row(probes=[10.0, 10.5]), row(mode="resident", probes=[16.0, 15.0]),
+                           row(model="other", probes=[10.0, 10.0])])
+    assert "5.00 [4.50-6.25]!" in drifted and "m: this machine's speed changed by up to 60 %" in drifted
+    assert "other:" not in drifted  # each model's rows are compared among themselves
+
+
+def test_the_probe_times_a_fixed_piece_of_work(monkeypatch):
+    assert 0 < timing.probe() < 1e3
+    ticks = iter([0.0, 0.010, 1.0, 1.004, 2.0, 2.012] + [3.0, 3.02] * timing.PROBE_REPEATS)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
+    assert timing.probe() == pytest.approx(4.0)  # the fastest repeat: one interruption does not count
+    assert timing.drift([4.0, 4.4]) is None and timing.drift([4.0, 6.0]) == pytest.approx(1.5)
+
+
 def test_a_cpu_timing_is_busy_when_the_load_leaves_no_core_per_thread(monkeypatch):
     monkeypatch.setattr(timing.os, "cpu_count", lambda: 4)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
@@ -54,3 +71,4 @@ def test_eval_pins_threads_records_them_and_the_machine_and_warms_up(tmp_path, m
     engines = [json.loads(p.read_text())["engine"]["evalsuite_yesno"] for p in (tmp_path / "json").iterdir()]
     assert [e["requests"] for e in engines] == [2, 2]
     assert all(r["tpot_p10"] <= r["tpot_ms"] <= r["tpot_p90"] for r in rows)
+    assert all(len(r["probes"]) == 2 and min(r["probes"]) > 0 for r in rows)  # the machine's speed around each task

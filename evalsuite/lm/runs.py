@@ -153,7 +153,7 @@ def file_hash(path: str | None) -> str | None:
 
 
 def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | None = None,
-               replayed: bool = False) -> list[dict]:
+               replayed: bool = False, probes: list[float] | None = None) -> list[dict]:
     rows = []
     for task, values in sorted(results["results"].items()):
         headline = accuracy(values)
@@ -165,7 +165,7 @@ def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | No
                      "tpot_ms": values.get("tpot_ms,engine"), "tpot_p10": values.get("tpot_ms_p10,engine"),
                      "tpot_p90": values.get("tpot_ms_p90,engine"), "busy": busy,
                      "identical_share": diverged.get(task, {}).get("identical_share"), "run": run_id,
-                     "seconds": seconds, "replayed": replayed})
+                     "seconds": seconds, "replayed": replayed, "probes": probes})
     return rows
 
 

@@ -134,9 +134,10 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             if task in done:
                 continue
             progress(f"[evalsuite] {name} / {mode} / {task} (limit {request.limit}, run {run_id})")
-            started = time.time()
+            started, before = time.time(), timing.probe()
             results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
                                                        request.confirm_run_unsafe_code))
+            results["timing"] = {"probe_ms": [before, timing.probe()]}  # the machine's speed around the task
             if mode == REFERENCE:
                 reference[task] = results
             diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
@@ -145,17 +146,23 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
             db.add_lm_eval_tasks(run_id, results, results.get("engine"))
             rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
-                               busy=timing.busy(request.device))
+                               busy=timing.busy(request.device), probes=results["timing"]["probe_ms"])
     return rows
 
 
 def format_rows(rows) -> str:
     """The table `evalsuite eval` prints: accuracy (the task's headline metric, named), recall, hit rate,
-    TPOT as median [p10-p90] over sequences (flagged * when the machine was busy), same tokens."""
+    TPOT as median [p10-p90] over sequences (flagged * when the machine was busy, ! when its speed changed
+    between the rows of a model), same tokens."""
     columns = ["model", "task", "metric", "mode", Column("accuracy", ".3f"), Column("recall", ".3f"),
                Column("hit rate", ".3f"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
+    drifted = _drifted(rows)
     lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r["accuracy"], r["recall"], r["hit_rate"],
-                            _tpot(r), r["identical_share"]] for r in rows], columns)]
+                            _tpot(r, r["model"] in drifted), r["identical_share"]] for r in rows], columns)]
+    for model, ratio in drifted.items():
+        lines.append(f"! {model}: this machine's speed changed by up to {100 * (ratio - 1):.0f} % while these rows "
+                     "were timed (evalsuite.timing.probe): TPOT differences smaller than that are not results; "
+                     "compare modes with evalsuite bench (interleaved repeats) or --plan replay (one cost measurement)")
     loads = [r["busy"] for r in rows if r.get("busy") is not None]
     if loads:
         lines.append(f"* timed while the machine was busy (load average up to {max(loads):.1f} on {os.cpu_count()} "
@@ -166,10 +173,19 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
-def _tpot(row) -> str:
+def _drifted(rows) -> dict[str, float]:
+    """model -> how far apart (max / min) the probes around its measured TPOTs are, where beyond timing.DRIFT."""
+    probes: dict[str, list] = {}
+    for r in rows:
+        if r.get("probes") and r.get("tpot_ms") is not None and not r.get("replayed"):
+            probes.setdefault(r["model"], []).extend(r["probes"])
+    return {model: ratio for model, p in probes.items() if (ratio := timing.drift(p)) is not None}
+
+
+def _tpot(row, drifted: bool = False) -> str:
     if row["tpot_ms"] is None:
         return "-"
     spread = f" [{row['tpot_p10']:.2f}-{row['tpot_p90']:.2f}]" if row.get("tpot_p10") is not None else ""
-    mark = "*" if row.get("busy") is not None else "~" if row.get("replayed") else ""
+    mark = "*" if row.get("busy") is not None else "~" if row.get("replayed") else "!" if drifted else ""
     return f"{row['tpot_ms']:.2f}{spread}{mark}"
 
