@@ -32,7 +32,7 @@ from ..engine.shadows import routing_trace
 from ..engine.transfer import parse_link
 from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
-from .preflight import predictors_for
+from .preflight import requested_runs
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
 from .request import load_adapter, run_config
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
@@ -57,15 +57,14 @@ class Pass:
 
 def plan_passes(modes, predictor) -> list[Pass]:
     """The fewest generations that give every (mode, predictor) run the request asks for."""
-    exact = [(mode, chosen) for mode in modes if not MODES[mode].speculates for chosen in predictors_for(mode, predictor)]
+    runs = requested_runs(modes, predictor)
+    exact = [(mode, chosen) for mode, chosen in runs if not MODES[mode].speculates]
     passes = []
     if exact:
         shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
         passes.append(Pass(REFERENCE, None, shadows, exact))
-    for mode in modes:
-        if MODES[mode].speculates:
-            passes += [Pass(mode, chosen, [chosen], [(mode, chosen)]) for chosen in predictors_for(mode, predictor)]
-    return passes
+    return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in runs
+                     if MODES[mode].speculates]
 
 
 def describe(passes: list[Pass], target, request) -> str:
@@ -80,10 +79,11 @@ def describe(passes: list[Pass], target, request) -> str:
 
 
 def run_plan(db, request, target) -> list[dict]:
-    """Every pass of the plan, each run stored as soon as its task is replayed (see the module doc)."""
+    """Every pass of the plan, each run stored as soon as its task is replayed (see the module doc); the rows in
+    the order the runs were asked for, as `--plan measure` prints them."""
     passes = plan_passes(request.modes, request.predictor)
     request.progress(describe(passes, target, request))
-    rows, costs, reference = [], None, {}
+    rows, costs, reference = {}, None, {}
     for index, p in enumerate(passes):
         speculative = MODES[p.mode].speculates
         # the shadow hooks record the routing; with no predictor asked for, the gate's (it needs no artifact)
@@ -105,7 +105,7 @@ def run_plan(db, request, target) -> list[dict]:
                 finish(db, run_id, "incomplete", None)
             raise
         with writing(db, [run_id for run_id, _, _ in runs.values()], lm.engine):
-            rows += _stored_rows(db, runs, target, p, reference)
+            _stored_rows(db, runs, target, reference, rows)
             missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
             if missing:
                 if costs is None:
@@ -127,32 +127,31 @@ def run_plan(db, request, target) -> list[dict]:
                     summary = replayed_summary(lm.engine, shadows, costs, request, mode, chosen)
                     out = with_engine_summary(results, task, summary)
                     diverged = divergence(out, reference[task], target.tokenizer) \
-                        if speculative and task in reference else {}
+                        if mode != REFERENCE and task in reference else {}
                     out["divergence"] = diverged
                     name = target.name.replace("/", "--")
                     save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
                     db.add_lm_eval_tasks(run_id, out, out["engine"])
-                    rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id,
-                                       time.time() - started, replayed=True)
-    return rows
+                    rows.setdefault((mode, chosen), []).extend(
+                        table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
+                                   replayed=True))
+    return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
 
 
 def _label(mode: str, predictor: str | None) -> str:
     return mode + (f"/{predictor}" if predictor and MODES[mode].predicts else "")
 
 
-def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
-    """The table rows of tasks an earlier invocation stored (a resumed plan)."""
-    rows = []
+def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
+    """Add to `rows` (per run) the table rows of tasks an earlier invocation stored (a resumed plan)."""
     for (mode, chosen), (run_id, _, done) in runs.items():
         if not done:
             continue
         stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
         if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
-        rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0,
-                           replayed=True)
-    return rows
+        rows.setdefault((mode, chosen), []).extend(
+            table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0, replayed=True))
 
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:
