@@ -1,5 +1,6 @@
 """The "same tok" column of `evalsuite eval`: every non-resident row compared with a resident run, whatever the
-order of --modes, and under --plan replay; rows in the order the modes were asked for."""
+order of --modes, from a stored resident run of the same configuration when the invocation ran none, and under
+--plan replay; rows in the order the modes were asked for."""
 from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
 
@@ -28,6 +29,14 @@ def test_resident_asked_for_last_is_still_the_reference_and_rows_keep_the_asked_
         assert store.samples([speculative])["identical_share"].notna().all()
 
 
+def test_a_stored_resident_run_of_the_same_configuration_is_the_reference(tmp_path):
+    db = tmp_path / "r.db"
+    _suite(db, ["resident"])
+    assert _shares(_suite(db, ["on-demand"]))["on-demand"] == 1.0
+    # another limit is another configuration: no stored resident run fits, so no comparison is shown
+    assert _shares(_suite(db, ["on-demand"], limit=2))["on-demand"] is None
+
+
 def test_replayed_rows_are_compared_in_the_asked_order(tmp_path):
     db = tmp_path / "r.db"
     modes = ["speculative", "router-preserving", "on-demand", "resident"]
@@ -36,3 +45,6 @@ def test_replayed_rows_are_compared_in_the_asked_order(tmp_path):
     shares = _shares(rows)
     assert shares["on-demand"] == shares["router-preserving/gate"] == 1.0 and shares["resident"] is None
     assert 0.0 <= shares["speculative/gate"] <= 1.0
+    # a speculative pass alone compares with the resident pass stored above (same batch, limit, ...)
+    again = _suite(db, ["speculative"], limit=4, plan="replay", batch_size=4, fresh=True)
+    assert _shares(again)["speculative/gate"] == shares["speculative/gate"]

@@ -22,6 +22,7 @@ from .preflight import check_eval, parse_gen_kwargs, requested_runs, task_manage
 from .engine_metrics import add_engine_metrics
 from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
 from .runs import check_generation_lengths, divergence, evaluate_task, open_run, save_json, table_rows, writing
+from .reference import find_reference
 
 PLANS = ("measure", "replay")
 SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
@@ -112,7 +113,7 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
 
 def measured_run(db, request: Request, target: Target, mode: str, predictor: str | None, reference: dict) -> list[dict]:
     """One configuration through the engine, task by task; `reference` collects resident's results (run first)
-    for the divergence of the modes after it."""
+    for the divergence of the modes after it, or, where this invocation runs no resident, a stored resident run's."""
     progress, name = request.progress, target.name
     lm, args = load_adapter(request, target, mode, predictor)
     config = run_config(request, target, lm, mode, args)
@@ -140,6 +141,8 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
                                                        request.confirm_run_unsafe_code))
             if mode == REFERENCE:
                 reference[task] = results
+            else:
+                find_reference(db, config, task, reference, progress)
             diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
                 mode != REFERENCE else {}
             results["divergence"] = diverged
