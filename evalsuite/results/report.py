@@ -15,7 +15,7 @@ from .database import stored_config
 MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
 _RUN_LABELS = ["id", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link", "dtype",
                "device", "limit"]
-FRONT_KEYS = ["model", "tasks", "limit"]  # one Pareto front each: a mean over other tasks or documents is another number
+FRONT_KEYS = ["model", "tasks", "limit"]  # a Pareto front each: a mean over other tasks or documents is another number
 _ENGINE_COLUMNS = ["recall_at_k", "prefetch_precision", "hit_rate", "bytes_transferred", "stall_s", "ttft_ms",
                    "tpot_ms", "tokens"]
 
@@ -31,12 +31,15 @@ def main_metrics(task_metrics: pd.DataFrame) -> pd.DataFrame:
     return ranked.drop_duplicates(["run_id", "task"]).drop(columns=["rank", "not_none"])
 
 
+def _names(column) -> str:
+    return ",".join(sorted(set(column)))
+
+
 def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.DataFrame) -> pd.DataFrame:
     """Per run: its tasks (names, comma-separated), mean main-metric accuracy over them and whole-model engine
     metrics averaged over them."""
     main = main_metrics(task_metrics)
-    accuracy = main.groupby("run_id").agg(tasks=("task", lambda t: ",".join(sorted(set(t)))), accuracy=("value", "mean"),
-                                          metrics=("metric", lambda m: ",".join(sorted(set(m)))))
+    accuracy = main.groupby("run_id").agg(tasks=("task", _names), accuracy=("value", "mean"), metrics=("metric", _names))
     whole = whole_model_rows(engine, "run_id")
     engine_means = whole.groupby("run_id")[_ENGINE_COLUMNS].mean() if not whole.empty else pd.DataFrame(
         columns=_ENGINE_COLUMNS)
