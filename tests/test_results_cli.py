@@ -55,3 +55,15 @@ def test_bad_input_is_a_one_line_error(stored, tmp_path):
     with pytest.raises(ValueError, match="cannot open results database"):
         _run(["runs", "--db", "postgresql+psycopg://u:p@127.0.0.1:1/x"])
     assert not (tmp_path / "nope.yaml").exists()
+
+
+def test_runs_lists_each_runs_tasks_and_limit(tmp_path, capsys):
+    db = open_db(tmp_path)
+    run = make_run(db, correct=[1, 0], limit=2)
+    db.add_task(run, "yesno", [{"metric": "acc", "filter": "none", "value": 0.5, "n": 2}])
+    make_run(db, task="yesno")  # no limit: every document
+    assert _run(["runs", "--db", str(tmp_path / "results.db")]) == 0
+    header, _, newest, oldest = capsys.readouterr().out.splitlines()
+    assert "tasks" in header.split() and "limit" in header.split()
+    assert "arith,yesno" in oldest.split() and "2" in oldest.split()
+    assert "yesno" in newest.split() and "arith" not in newest

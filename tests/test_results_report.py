@@ -59,3 +59,29 @@ def test_pareto_front_keeps_only_undominated_points():
     tpot = [10, 12, 11, 20, 15, 9]
     accuracy = [0.70, 0.80, 0.65, 0.85, 0.80, 0.60]
     assert pareto_front(tpot, accuracy).tolist() == [5, 0, 1, 3]  # rising TPOT, rising accuracy
+
+
+def _two_task_sets(db):
+    """Run 1 on arith alone; run 2 over arith and yesno (mean of both), faster and more accurate on average."""
+    make_run(db, mode="resident", correct=[1, 0, 0, 0], tpot_ms=20.0, limit=4)
+    run = make_run(db, mode="on-demand", correct=[1, 1, 1, 0], tpot_ms=10.0, limit=4)
+    db.add_task(run, "yesno", [{"metric": "exact_match", "filter": "none", "value": 1.0, "n": 4}],
+                [{"layer": None, "hit_rate": 0.5, "tpot_ms": 10.0}])
+
+
+def test_runs_over_other_task_sets_or_limits_get_fronts_of_their_own(tmp_path):
+    from evalsuite.results.cli import format_pareto
+    from evalsuite.results.report import pareto_table, summary_table
+
+    db = open_db(tmp_path)
+    _two_task_sets(db)
+    make_run(db, mode="speculative", correct=[0, 0, 0, 0], tpot_ms=30.0, limit=8)  # arith again, other documents
+    runs = db.runs()
+    summary = summary_table(runs, db.task_metrics(), db.engine_metrics())
+    assert summary.set_index("id")["tasks"].to_dict() == {1: "arith", 2: "arith,yesno", 3: "arith"}
+    front = pareto_table(summary)
+    assert sorted(front["id"]) == [1, 2, 3]  # run 2 dominates neither: its mean is over another task set
+    text = format_pareto(front)
+    for heading in ("tiny:qwen3_moe: tasks arith, limit 4", "tiny:qwen3_moe: tasks arith,yesno, limit 4",
+                    "tiny:qwen3_moe: tasks arith, limit 8"):
+        assert heading in text

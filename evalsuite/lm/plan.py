@@ -36,8 +36,9 @@ from ..engine.transfer import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
 from ..results.lm_eval_rows import stored_results
-from .preflight import predictors_for
+from .preflight import requested_runs
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
+from .reference import find_reference
 from .request import load_adapter, run_config
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
     open_run, save_json, table_rows, writing
@@ -61,15 +62,14 @@ class Pass:
 
 def plan_passes(modes, predictor) -> list[Pass]:
     """The fewest generations that give every (mode, predictor) run the request asks for."""
-    exact = [(mode, chosen) for mode in modes if not MODES[mode].speculates for chosen in predictors_for(mode, predictor)]
+    runs = requested_runs(modes, predictor)
+    exact = [(mode, chosen) for mode, chosen in runs if not MODES[mode].speculates]
     passes = []
     if exact:
         shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
         passes.append(Pass(REFERENCE, None, shadows, exact))
-    for mode in modes:
-        if MODES[mode].speculates:
-            passes += [Pass(mode, chosen, [chosen], [(mode, chosen)]) for chosen in predictors_for(mode, predictor)]
-    return passes
+    return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in runs
+                     if MODES[mode].speculates]
 
 
 def describe(passes: list[Pass], target, request) -> str:
@@ -85,10 +85,11 @@ def describe(passes: list[Pass], target, request) -> str:
 
 def run_plan(db, request, target) -> list[dict]:
     """Every pass of the plan; each run's tasks are stored once their replays are done, after the last pass
-    (the replays run in a second process meanwhile, see `replays`; the runs close when all are stored)."""
+    (the replays run in a second process meanwhile, see `replays`; the runs close when all are stored); the rows
+    in the order the runs were asked for, as `--plan measure` prints them."""
     passes = plan_passes(request.modes, request.predictor)
     request.progress(describe(passes, target, request))
-    rows, costs, reference, queued = [], None, {}, []
+    rows, costs, reference, queued = {}, None, {}, []
     with contextlib.ExitStack() as open_runs:
         for index, p in enumerate(passes):
             speculative = MODES[p.mode].speculates
@@ -99,11 +100,12 @@ def run_plan(db, request, target) -> list[dict]:
             if p.shadows and request.predictor_path and not speculative:
                 extra.append(f"predictor_path={request.predictor_path}")
             lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
-            runs = {}
+            runs, configs = {}, {}
             try:
                 check_generation_lengths(request.manager, target.tasks, lm, target.name)
                 for mode, chosen in p.serves:
                     config = replayed_config(run_config(request, target, lm, mode, args), request, mode, chosen, p)
+                    configs[(mode, chosen)] = config
                     runs[(mode, chosen)] = open_run(db, config, request.fresh, request.progress)
             except BaseException:
                 lm.engine.close()
@@ -112,7 +114,7 @@ def run_plan(db, request, target) -> list[dict]:
                 raise
             open_runs.enter_context(writing(db, [run_id for run_id, _, _ in runs.values()], None))
             with contextlib.closing(lm.engine):
-                rows += _stored_rows(db, runs, target, p, reference)
+                _stored_rows(db, runs, target, reference, rows)
                 missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
                 if missing:
                     if costs is None:
@@ -128,38 +130,39 @@ def run_plan(db, request, target) -> list[dict]:
                     shadows = lm.shadow_records.pop(task)
                     if p.mode == REFERENCE:
                         reference[task] = results
-                    queued += [(runs[(mode, chosen)], mode, chosen, task, results, started,
+                    queued += [(runs[(mode, chosen)], configs[(mode, chosen)], mode, chosen, task, results, started,
                                 replayed_summary(lm.engine, shadows, costs, request, mode, chosen))
                                for (mode, chosen), (_, _, done) in runs.items() if task not in done]
-        for (run_id, uid, _), mode, chosen, task, results, started, summary in queued:
+        for (run_id, uid, _), config, mode, chosen, task, results, started, summary in queued:
             out = with_engine_summary(results, task, summary())
+            if mode != REFERENCE:  # an exact mode's tokens are the resident pass's: counted, 1.0
+                find_reference(db, config, task, reference, request.progress)
             diverged = divergence(out, reference[task], target.tokenizer) \
-                if MODES[mode].speculates and task in reference else {}
+                if mode != REFERENCE and task in reference else {}
             out["divergence"] = diverged
             name = target.name.replace("/", "--")
             save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
             db.add_lm_eval_tasks(run_id, out, out["engine"])
-            rows += table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
-                               replayed=True)
-    return rows
+            rows.setdefault((mode, chosen), []).extend(
+                table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
+                           replayed=True))
+    return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
 
 
 def _label(mode: str, predictor: str | None) -> str:
     return mode + (f"/{predictor}" if predictor and MODES[mode].predicts else "")
 
 
-def _stored_rows(db, runs, target, p: Pass, reference: dict) -> list[dict]:
-    """The table rows of tasks an earlier invocation stored (a resumed plan)."""
-    rows = []
+def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
+    """Add to `rows` (per run) the table rows of tasks an earlier invocation stored (a resumed plan)."""
     for (mode, chosen), (run_id, _, done) in runs.items():
         if not done:
             continue
         stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
         if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
-        rows += table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0,
-                           replayed=True)
-    return rows
+        rows.setdefault((mode, chosen), []).extend(
+            table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0, replayed=True))
 
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:

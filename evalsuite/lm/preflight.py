@@ -49,6 +49,11 @@ def predictors_for(mode: str, predictor) -> list[str | None]:
     return [name for name in names if name not in _owned()]
 
 
+def requested_runs(modes, predictor) -> list[tuple[str, str | None]]:
+    """Every (mode, predictor) run a request asks for, in the order asked for (the order of the printed table)."""
+    return [(mode, chosen) for mode in modes for chosen in predictors_for(mode, predictor)]
+
+
 def _owned() -> set[str]:
     return {mode.predictor for mode in MODES.values() if mode.own_predictor}
 

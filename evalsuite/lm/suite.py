@@ -18,10 +18,11 @@ from ..scoring.sandbox import confinement_to_use
 from ..table import Column, format_table
 from ..engine.modes import REFERENCE
 from ..hub import is_hub_id, local_model
-from .preflight import check_eval, parse_gen_kwargs, predictors_for, task_manager, unsafe_tasks
+from .preflight import check_eval, parse_gen_kwargs, requested_runs, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
 from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
 from .runs import check_generation_lengths, divergence, evaluate_task, open_run, save_json, table_rows, writing
+from .reference import find_reference
 
 PLANS = ("measure", "replay")
 SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
@@ -103,15 +104,16 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
             progress(f"[evalsuite] {target.name}: a vision-language model is measured configuration by configuration "
                      "(--plan replay covers text models)")
         reference: dict[str, dict] = {}
-        for mode in modes:
-            for chosen in predictors_for(mode, predictor):
-                rows += measured_run(db, request, target, mode, chosen, reference)
+        runs, measured = requested_runs(modes, predictor), {}
+        for mode, chosen in sorted(runs, key=lambda run: run[0] != REFERENCE):  # resident first: the others' same tok
+            measured[(mode, chosen)] = measured_run(db, request, target, mode, chosen, reference)
+        rows += [row for run in runs for row in measured[run]]
     return rows
 
 
 def measured_run(db, request: Request, target: Target, mode: str, predictor: str | None, reference: dict) -> list[dict]:
     """One configuration through the engine, task by task; `reference` collects resident's results (run first)
-    for the divergence of the modes after it."""
+    for the divergence of the modes after it, or, where this invocation runs no resident, a stored resident run's."""
     progress, name = request.progress, target.name
     lm, args = load_adapter(request, target, mode, predictor)
     config = run_config(request, target, lm, mode, args)
@@ -140,6 +142,8 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             results["timing"] = {"probe_ms": [before, timing.probe()]}  # the machine's speed around the task
             if mode == REFERENCE:
                 reference[task] = results
+            else:
+                find_reference(db, config, task, reference, progress)
             diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
                 mode != REFERENCE else {}
             results["divergence"] = diverged

@@ -13,8 +13,8 @@ from ..table import Column, format_table
 
 _DB_HELP = "results database: SQLAlchemy URL or SQLite path (default: $EVALSUITE_DB, else results/results.db)"
 _LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link",
-           "tasks", "accuracy", "tpot_ms"]
-_NUMBERS = {"id", "cache_capacity", "accuracy", "tpot_ms"}
+           "tasks", "limit", "accuracy", "tpot_ms"]
+_NUMBERS = {"id", "cache_capacity", "limit", "accuracy", "tpot_ms"}
 
 
 def _open(args):
@@ -56,13 +56,15 @@ def cmd_report(args) -> int:
 
 
 def format_pareto(front) -> str:
-    """The Pareto fronts as text: one table per model, by rising TPOT."""
+    """The Pareto fronts as text: one table per model, task set and limit, by rising TPOT."""
+    from .plots import limit_text
+
     if front.empty:
         return "Pareto fronts: no run has both an accuracy and a TPOT"
-    lines = ["Pareto fronts (accuracy vs TPOT, per model):"]
+    lines = ["Pareto fronts (accuracy vs TPOT, per model, task set and limit):"]
     columns = [Column("run", "d"), "setting", Column("accuracy", ".3f"), Column("TPOT ms", ".2f")]
-    for model, part in front.groupby("model", sort=True):
-        lines.append(f"  {model}")
+    for (model, tasks, limit), part in front.groupby(["model", "tasks", "limit"], sort=True, dropna=False):
+        lines.append(f"  {model}: tasks {tasks}, limit {limit_text(limit)}")
         cells = [[row.id, " / ".join(str(v) for v in (row.mode, row.predictor, row.cache_capacity, row.link)
                                      if v is not None and v == v), row.accuracy, row.tpot_ms]
                  for row in part.itertuples(index=False)]

@@ -116,7 +116,8 @@ def accuracy_vs_tpot_figure(summary: pd.DataFrame):
     data = summary.dropna(subset=["accuracy", "tpot_ms"])
     if data.empty:
         return "accuracy vs TPOT: no run has both a task accuracy and a whole-model TPOT"
-    models = sorted(data["model"].map(_label).unique())
+    data = data.assign(panel=_panels(data))
+    models = sorted(data["panel"].unique())
     modes = sorted(data["mode"].map(_label).unique())
     predictors = sorted(data["predictor"].map(_label).unique())
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(modes)}
@@ -127,7 +128,7 @@ def accuracy_vs_tpot_figure(summary: pd.DataFrame):
     for ax in axes.flat[len(models):]:
         ax.set_visible(False)
     for ax, model in zip(axes.flat, models):
-        part = data[data["model"].map(_label) == model]
+        part = data[data["panel"] == model]
         for row in part.itertuples(index=False):
             ax.scatter(row.tpot_ms, row.accuracy, color=colors[_label(row.mode)], s=45, zorder=3,
                        marker=MARKERS[predictors.index(_label(row.predictor)) % len(MARKERS)])
@@ -147,9 +148,23 @@ def accuracy_vs_tpot_figure(summary: pd.DataFrame):
     _title(fig, f"Accuracy vs TPOT, one point per run ({ACCURACY}; {TPOT})")
     _freeze_layout(fig)
     for ax, model in zip(axes.flat, models):
-        part = data[data["model"].map(_label) == model]
+        part = data[data["panel"] == model]
         place_labels(ax, part["tpot_ms"], part["accuracy"], [f"#{i}" for i in part["id"]])
     return fig
+
+
+def _panels(data: pd.DataFrame) -> pd.Series:
+    """One panel per model, task set and limit (as the report's Pareto fronts): its title names the three."""
+    panel = data["model"].map(_label)
+    if "tasks" not in data:
+        return panel
+    limits = data["limit"].map(limit_text) if "limit" in data else "none"
+    return panel + "\ntasks " + data["tasks"].map(_label) + ", limit " + limits
+
+
+def limit_text(value) -> str:
+    """A run's limit (documents per task) as shown: '5', or 'none' (every document)."""
+    return f"{value:g}" if isinstance(value, (int, float)) and value == value else "none"
 
 
 def accuracy_vs_tpot(summary: pd.DataFrame, path: str) -> str | None:

@@ -14,7 +14,8 @@ from .database import stored_config
 # which metric stands for a task's accuracy, most preferred first; otherwise the first metric by name
 MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
 _RUN_LABELS = ["id", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link", "dtype",
-               "device"]
+               "device", "limit"]
+FRONT_KEYS = ["model", "tasks", "limit"]  # a Pareto front each: a mean over other tasks or documents is another number
 _ENGINE_COLUMNS = ["recall_at_k", "prefetch_precision", "hit_rate", "bytes_transferred", "stall_s", "ttft_ms",
                    "tpot_ms", "tokens"]
 
@@ -30,11 +31,15 @@ def main_metrics(task_metrics: pd.DataFrame) -> pd.DataFrame:
     return ranked.drop_duplicates(["run_id", "task"]).drop(columns=["rank", "not_none"])
 
 
+def _names(column) -> str:
+    return ",".join(sorted(set(column)))
+
+
 def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.DataFrame) -> pd.DataFrame:
-    """Per run: mean main-metric accuracy over its tasks and whole-model engine metrics averaged over tasks."""
+    """Per run: its tasks (names, comma-separated), mean main-metric accuracy over them and whole-model engine
+    metrics averaged over them."""
     main = main_metrics(task_metrics)
-    accuracy = main.groupby("run_id").agg(tasks=("task", "nunique"), accuracy=("value", "mean"),
-                                          metrics=("metric", lambda m: ",".join(sorted(set(m)))))
+    accuracy = main.groupby("run_id").agg(tasks=("task", _names), accuracy=("value", "mean"), metrics=("metric", _names))
     whole = whole_model_rows(engine, "run_id")
     engine_means = whole.groupby("run_id")[_ENGINE_COLUMNS].mean() if not whole.empty else pd.DataFrame(
         columns=_ENGINE_COLUMNS)
@@ -57,12 +62,12 @@ def sweep_runs(runs: pd.DataFrame, sweep: str) -> pd.DataFrame:
 
 
 def pareto_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Per model, the runs no other run of that model beats on both lower TPOT and higher accuracy
+    """Per model, task set and limit, the runs no other run of theirs beats on both lower TPOT and higher accuracy
     (mean main metric over the run's tasks), by rising TPOT. Runs without both numbers are left out."""
     data = summary.dropna(subset=["accuracy", "tpot_ms"])
     fronts = [part.iloc[plots.pareto_front(part["tpot_ms"], part["accuracy"])]
-              for _, part in data.groupby(data["model"].astype(str), sort=True)]
-    columns = ["model", "id", "mode", "predictor", "cache_capacity", "link", "accuracy", "tpot_ms", "recall_at_k",
+              for _, part in data.groupby([data[key].astype(str) for key in FRONT_KEYS], sort=True)]
+    columns = [*FRONT_KEYS, "id", "mode", "predictor", "cache_capacity", "link", "accuracy", "tpot_ms", "recall_at_k",
                "hit_rate"]
     return pd.concat(fronts)[columns] if fronts else pd.DataFrame(columns=columns)
 
@@ -128,8 +133,8 @@ def _page(url: str, tables: dict, drawn: list, notes: list) -> str:
                  "whole-model rows averaged over tasks. CSVs: " + ", ".join(
                      f"<a href='{n}.csv'>{n}.csv</a>" for n in tables) + "</p>")
     parts.append(_html_table(tables["summary"]))
-    parts.append("<h2>Pareto fronts</h2><p>per model, the runs no other run beats on both lower TPOT and higher "
-                 "accuracy</p>" + _html_table(tables["pareto"]))
+    parts.append("<h2>Pareto fronts</h2><p>per model, task set and limit, the runs no other run beats on both lower "
+                 "TPOT and higher accuracy</p>" + _html_table(tables["pareto"]))
     task_metrics = tables["task_metrics"].drop(columns=["link", "dtype", "device"])
     parts.append("<h2>Task metrics</h2>" + _html_table(task_metrics))
     parts.append("</body></html>")
