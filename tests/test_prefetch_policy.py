@@ -71,10 +71,10 @@ def sends_of_speculative_run(rows: int):
     with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=6,
                            cache_capacity=0.5, link="4GB/s+2000us") as engine, torch.no_grad():
         scheduler = engine.driver.scheduler
-        scheduler.layer_started = lambda pos: setattr(scheduler, "layer_s", 1e-9)
+        scheduler.layer_started = lambda pos, decoding: setattr(scheduler, "layer_s", 1e-9)
         sends, prefetch = [], engine.prefetch
         engine.prefetch = lambda layer, experts, demand=False, keep=(): (
-            sends.append((layer, list(experts), demand, engine.decoding)), prefetch(layer, experts, demand, keep))[1]
+            sends.append((layer, list(experts), demand, engine.forward.decoding)), prefetch(layer, experts, demand, keep))[1]
         model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
         top_k, first = engine.layers[0].top_k, engine.layers[0].index
     return [s for s in sends if s[3] and s[0] != first], top_k  # the first sparse layer never speculates

@@ -13,7 +13,6 @@ class FakeEngine:
     """What the scheduler reads: one sparse layer (index 7) of 8 experts, a 1 s-per-copy link."""
 
     def __init__(self, prefetches_queued=0):
-        self.decoding = False
         self.record = SimpleNamespace(counters={7: Counters()})
         self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
         self.cache = SimpleNamespace(resident=lambda key: False)
@@ -56,14 +55,13 @@ def test_layer_time_is_decode_only_and_leaves_out_stalls(monkeypatch):
     s = PrefetchScheduler(engine, budget=2)
     for pos, t in ((0, 0.0), (1, 4.9)):  # prefill: slow layers
         at(monkeypatch, t)
-        s.layer_started(pos)
+        s.layer_started(pos, decoding=False)
     assert s.layer_s is None
-    engine.decoding = True
     at(monkeypatch, 10.0)
-    s.layer_started(0)
+    s.layer_started(0, decoding=True)
     engine.record.counters[7].stall_s += 0.3  # the layer waited 0.3 s for a copy
     at(monkeypatch, 10.5)
-    s.layer_started(1)
+    s.layer_started(1, decoding=True)
     assert abs(s.layer_s - 0.2) < 1e-9
     s.new_request()
     assert s.layer_s is None

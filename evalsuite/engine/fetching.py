@@ -2,7 +2,7 @@
 prefetches ahead of need, and settling those at the router (cancel the unpicked, promote the picked).
 
 `ExpertFetching` holds the Engine's methods for this (the Engine is the one class that mixes it in):
-they read the engine's cache, transfers, record and driver.
+they read the engine's cache, transfers, record and driver, and the pass running now (`forward`).
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ class ExpertFetching:
 
     def weights_in_order(self, layer: int, experts, needed: list[int]):
         """Yield (expert, weight views) for `needed` in order, fetching ahead as slots allow."""
-        counters = self.record.counters[layer]
-        if self.tracer is not None and not self.looking_ahead:
+        counters, forward = self.record.counters[layer], self.forward
+        if self.tracer is not None and not forward.looking_ahead:
             self.tracer.executed(layer, needed)
-        self.hit_of = {}
-        if self.looking_ahead:  # the oracle's look-ahead: compute from the store, count nothing
+        forward.layer_hits.clear()
+        if forward.looking_ahead:  # the oracle's look-ahead: compute from the store, count nothing
             for e in needed:
                 yield e, self._stored_views(experts, layer, e)
             return
@@ -133,8 +133,8 @@ class ExpertFetching:
         counters.expert_uses += 1
         if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
             self.cache.forget(key)
-        if self.kinds is not None:  # which experts hit, for hit rate by token kind
-            self.hit_of[key[1]] = self.cache.resident(key)
+        if self.forward.kinds is not None:  # which experts hit, for hit rate by token kind
+            self.forward.layer_hits[key[1]] = self.cache.resident(key)
         if self.cache.resident(key):
             counters.hits += 1
             if key in self._prefetched:

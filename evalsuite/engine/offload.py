@@ -7,6 +7,7 @@ layer needs, waits only for copies not yet done, and computes in the eager kerne
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 import torch
@@ -18,6 +19,7 @@ from .prediction import PREDICTORS, PredictionDriver
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
+from .forward import Forward
 from .kernel import run_experts
 from .modes import MODES, names_where
 from .options import check_options
@@ -25,7 +27,7 @@ from .scheduler import PrefetchScheduler
 from .shadows import ShadowPredictions
 from . import placement
 from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
-from .token_kinds import TokenKinds, image_token_ids
+from .token_kinds import image_token_ids
 from .transfer import TransferWorker, TransferError, parse_link
 
 IMPLEMENTATION = "evalsuite"
@@ -39,8 +41,9 @@ def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     else:
         out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
                           lambda needed: engine.weights_in_order(layer, experts, needed))
-    if engine.kinds is not None and not engine.looking_ahead:
-        engine.kinds.count_hits(engine.record.kinds, top_k_index, engine.hit_of)
+    forward = engine.forward
+    if forward.kinds is not None and not forward.looking_ahead:
+        forward.kinds.count_hits(engine.record.kinds, top_k_index, forward.layer_hits)
     return out
 
 
@@ -116,7 +119,7 @@ class Engine(ExpertFetching):
         self.link = parse_link(link)
         self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
-        self.looking_ahead = self.decoding = False
+        self.forward = Forward(decoding=False, rows=1)  # the pass running now (evalsuite.engine.forward)
         self._prefetched: set = set()  # prefetched experts not yet used
         self._prefetch_s, self._prefetch_n = 0.0, 0
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
@@ -143,7 +146,7 @@ class Engine(ExpertFetching):
             model.to(self.device)
         self.budget, self.tracer, self._hooks = budget, None, []
         ids = image_token_ids(model)
-        self.kinds, self.hit_of = (TokenKinds(ids) if ids else None), {}  # metrics by token kind
+        self.image_ids = torch.tensor(ids) if ids else None  # metrics by token kind
         if trace:  # its router hooks go first, so they see the native routing
             self._start_trace()
         self.shadows = None
@@ -220,7 +223,7 @@ class Engine(ExpertFetching):
 
     def _native_hook(self, layer: int):
         def hook(module, args, output):
-            if not self.looking_ahead:
+            if not self.forward.looking_ahead:
                 self.tracer.native(layer, output[2].detach().clone())  # the model may reuse its tensor
         return hook
 
@@ -241,45 +244,47 @@ class Engine(ExpertFetching):
 
     def count_resident(self, layer: int, needed: list[int]) -> None:
         """Every expert a resident layer uses is a hit (nothing moves)."""
-        if self.looking_ahead:  # the oracle's look-ahead counts nothing
+        if self.forward.looking_ahead:  # the oracle's look-ahead counts nothing
             return
         if self.tracer is not None:
             self.tracer.executed(layer, needed)
         counters = self.record.counters[layer]
         counters.expert_uses += len(needed)
         counters.hits += len(needed)
-        self.hit_of = dict.fromkeys(needed, True) if self.kinds is not None else {}
+        self.forward.layer_hits.clear()
+        if self.forward.kinds is not None:
+            self.forward.layer_hits.update(dict.fromkeys(needed, True))
 
     # ---- per-request timing ---------------------------------------------------------------
     def _before_forward(self, module, args, kwargs):
         # transformers 5 generate passes `cache=`; direct calls use `past_key_values=`.
         kv_arg = "cache" if "cache" in kwargs else "past_key_values"
         kv_cache = kwargs.get(kv_arg)  # the attention's key/value cache (self.cache is the expert cache)
-        self.decoding = kv_cache is not None and kv_cache.get_seq_length() > 0
-        if not self.decoding:  # a new request: its prefill
+        decoding = kv_cache is not None and kv_cache.get_seq_length() > 0
+        self.forward = Forward.of_call(args, kwargs, decoding, self.image_ids)
+        if not decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
-            self.record.start_request(time.perf_counter(), _rows(args, kwargs))
+            self.record.start_request(time.perf_counter(), self.forward.rows)
         if self.tracer is not None:
-            self.tracer.forward_started(self.decoding, _rows(args, kwargs))
+            self.tracer.forward_started(self.forward)
         if self.shadows is not None:
-            self.shadows.forward_started(self.decoding, _rows(args, kwargs), kwargs.get("attention_mask"))
-        if self.kinds is not None:
-            self.kinds.forward_started(kwargs.get("input_ids", args[0] if args else None), kwargs.get("attention_mask"))
+            self.shadows.forward_started(self.forward)
         if self.predictor is not None and self.predictor.name == "oracle":
             self._look_ahead(module, args, kwargs, kv_arg, kv_cache)
 
     def _look_ahead(self, module, args, kwargs, kv_arg, kv_cache):
         """Run this forward pass once without side effects, recording the true routing."""
-        shadow_kwargs = dict(kwargs)
+        look_ahead_kwargs = dict(kwargs)
         if kv_cache is not None:
-            shadow_kwargs[kv_arg] = copy.deepcopy(kv_cache)
-        self.looking_ahead = True
+            look_ahead_kwargs[kv_arg] = copy.deepcopy(kv_cache)
+        real = self.forward
+        self.forward = dataclasses.replace(real, looking_ahead=True, layer_hits={})
         try:
             with torch.no_grad():
-                module.forward(*args, **shadow_kwargs)
+                module.forward(*args, **look_ahead_kwargs)
         finally:
-            self.looking_ahead = False
+            self.forward = real
 
     def _after_forward(self, module, args, output):
         if self.device.type == "cuda":  # the forward's end: its kernels done; copies still in flight need not be
@@ -383,12 +388,3 @@ class Engine(ExpertFetching):
 
     def __exit__(self, *exc):
         self.close()
-
-
-
-
-def _rows(args, kwargs) -> int:
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    if ids is None:
-        ids = kwargs.get("inputs_embeds")
-    return ids.shape[0] if ids is not None else 1

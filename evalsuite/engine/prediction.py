@@ -118,37 +118,37 @@ class PredictionDriver:
         return hook
 
     def speculates(self, pos: int) -> bool:
-        return (MODES[self.mode].speculates and pos > 0 and self.engine.decoding
+        return (MODES[self.mode].speculates and pos > 0 and self.engine.forward.decoding
                 and self.engine.layers[pos].index not in self.preserve)
 
     def on_router(self, pos, router, x, output):
-        engine = self.engine
+        engine, forward = self.engine, self.engine.forward
         logits, weights, ids = output
-        if engine.looking_ahead:  # the oracle's look-ahead pass only records the true routing
+        if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
             return None
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
-            self.predictor.on_token(engine.decoding)
-            first = self.pending.get(0) if engine.decoding else None
+            self.predictor.on_token(forward.decoding)
+            first = self.pending.get(0) if forward.decoding else None
             self.pending = {} if first is None else {0: first}
             self.deferred = None
         predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
         layer = engine.layers[pos].index
         chosen = None
         if self.scheduler is not None:
-            if pos == 0 and not engine.decoding:
+            if pos == 0 and not forward.decoding:
                 self.scheduler.new_request()
-            self.scheduler.layer_started(pos)
-            if engine.decoding and isinstance(predicted, tuple):
+            self.scheduler.layer_started(pos, forward.decoding)
+            if forward.decoding and isinstance(predicted, tuple):
                 chosen = set(ids.reshape(-1).tolist())
                 self.scheduler.observe(layer, predicted[1], chosen)
         replaced = None
         # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
-        if predicted is not None and engine.decoding:
+        if predicted is not None and forward.decoding:
             self.current.setdefault(layer, []).append((predicted, ids))
-        if predicted is not None and engine.kinds is not None:
+        if predicted is not None and forward.kinds is not None:
             for k in self.recall_ks:
-                engine.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
+                forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
         if predicted is not None and self.speculates(pos):
             ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
             weights = engine.family.route_weights(router, logits, ids)
@@ -161,7 +161,7 @@ class PredictionDriver:
         if target < len(engine.layers):
             state = LayerState(pos, x, self.residual.get(pos), ids, weights)
             score = functools.partial(self.predictor.scores, state, self.horizon)
-        elif pos == len(engine.layers) - 1 and engine.decoding:  # the next token's first sparse layer
+        elif pos == len(engine.layers) - 1 and forward.decoding:  # the next token's first sparse layer
             target, score = 0, functools.partial(self.predictor.next_token_scores, x)
         if score is not None:
             self._predict(target, score)
@@ -198,9 +198,9 @@ class PredictionDriver:
         """Whether the prediction for `target` serves only prefetching and the record (recall, the
         scheduler's precision, the trace), so it may be scored after the request: a decode step of
         a stateless predictor, a layer that will not execute it, and a cache that does not read it."""
-        engine = self.engine
-        return (self.scheduler is not None and engine.decoding and self.predictor.stateless
-                and not self.speculates(target) and engine.kinds is None and engine.cache is not None
+        engine, forward = self.engine, self.engine.forward
+        return (self.scheduler is not None and forward.decoding and self.predictor.stateless
+                and not self.speculates(target) and forward.kinds is None and engine.cache is not None
                 and engine.cache.policy != "predicted")
 
     def release_prefetch(self) -> None:

@@ -64,8 +64,9 @@ class PrefetchScheduler:
     def new_request(self) -> None:
         self.layer_s = self._last = None
 
-    def layer_started(self, pos: int) -> None:
-        if not self.engine.decoding:  # prefill layers take far longer than decode ones
+    def layer_started(self, pos: int, decoding: bool) -> None:
+        """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
+        if not decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
         self.layer_at(pos, time.perf_counter(), sum(c.stall_s for c in self.engine.record.counters.values()))

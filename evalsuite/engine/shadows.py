@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .forward import Forward
 from .metrics import token_recall
 from .prediction import LayerState
 from .trace import LayerRouting, RoutingTrace
@@ -70,24 +71,26 @@ class ShadowPredictions:
 
     def _native_hook(self, pos):
         def hook(module, args, output):
-            if not self.engine.looking_ahead:
+            if not self.engine.forward.looking_ahead:
                 self._native(pos, output[2])
         return hook
 
     def _after_hook(self, pos):
         def hook(module, args, output):
-            if not self.engine.looking_ahead:
+            if not self.engine.forward.looking_ahead:
                 self._predict(pos, args[0].reshape(-1, args[0].shape[-1]), output)
         return hook
 
-    def forward_started(self, decoding: bool, rows: int, attention_mask) -> None:
-        if not decoding:
+    def forward_started(self, forward: Forward) -> None:
+        """A new forward pass (evalsuite.engine.forward.Forward): a prefill starts a request."""
+        if not forward.decoding:
             self.end_request()
-            self._request = _Request(rows, attention_mask, len(self.engine.layers), list(self.predictors))
+            self._request = _Request(forward.rows, forward.attention_mask, len(self.engine.layers),
+                                     list(self.predictors))
         elif self._request is not None:
             self._request.steps.append(_Step(len(self.engine.layers), list(self.predictors)))
         for predictor in self.predictors.values():
-            predictor.on_token(decoding)
+            predictor.on_token(forward.decoding)
 
     def _native(self, pos: int, ids: torch.Tensor) -> None:
         request = self._request

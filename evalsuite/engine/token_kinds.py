@@ -19,20 +19,21 @@ def image_token_ids(model) -> list[int]:
 
 
 class TokenKinds:
-    def __init__(self, ids: list[int]):
-        self.ids = torch.tensor(ids)
-        self.image: torch.Tensor | None = None  # per flattened position of the running forward
-        self.text: torch.Tensor | None = None
+    """Which flattened positions of one forward pass hold image tokens and which text tokens
+    (None: not known, the pass was given embeddings only)."""
 
-    def forward_started(self, input_ids, attention_mask) -> None:
-        if input_ids is None:  # embeddings only: kinds unknown
-            self.image = self.text = None
-            return
-        image = torch.isin(input_ids, self.ids.to(input_ids.device))
+    def __init__(self, image: torch.Tensor | None, text: torch.Tensor | None):
+        self.image, self.text = image, text
+
+    @classmethod
+    def of(cls, image_ids: torch.Tensor, input_ids, attention_mask) -> TokenKinds:
+        if input_ids is None:
+            return cls(None, None)
+        image = torch.isin(input_ids, image_ids.to(input_ids.device))
         real = torch.ones_like(image)
         if attention_mask is not None:
             real = attention_mask[:, -input_ids.shape[1]:].bool()
-        self.image, self.text = (image & real).flatten(), (~image & real).flatten()
+        return cls((image & real).flatten(), (~image & real).flatten())
 
     def masks(self, tokens: int) -> dict[str, torch.Tensor]:
         if self.image is None or self.image.numel() != tokens:

@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .forward import Forward
 from .metrics import ranked_recall
 
 VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
@@ -101,10 +102,11 @@ class TraceRecorder:
         self._prefill: dict[int, list[int]] | None = None
         self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
 
-    def forward_started(self, decoding: bool, rows: int) -> None:
+    def forward_started(self, forward: Forward) -> None:
+        """A new forward pass (evalsuite.engine.forward.Forward): only batch-1 ones are recorded."""
         self._flush()
-        self._step = {} if decoding and rows == 1 else None
-        self._prefill = {} if not decoding and rows == 1 else None
+        self._step = {} if forward.decoding and forward.rows == 1 else None
+        self._prefill = {} if not forward.decoding and forward.rows == 1 else None
         if self._step is not None:
             self._step.update({layer: LayerRouting([], None, ranked) for layer, ranked in self._next.items()})
         self._next = {}

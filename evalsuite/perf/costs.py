@@ -34,7 +34,7 @@ class SpeedProbe:
         self._t = time.perf_counter()
 
     def _stop(self, module, args, output):
-        if self.engine.decoding:
+        if self.engine.forward.decoding:
             self.seconds.append(time.perf_counter() - self._t)
 
     def median(self) -> float | None:
@@ -78,7 +78,7 @@ class LayerClock:
     def _stop(self, what, into, layer=None):
         def hook(module, args, output):
             now = self._now()
-            if self.engine.decoding:
+            if self.engine.forward.decoding:
                 into.append(now - self._t[what])
                 if layer is not None:
                     self.experts_run.append(layer.top_k)
