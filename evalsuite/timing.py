@@ -75,9 +75,9 @@ def drift(probes: list[float]) -> float | None:
     return ratio if ratio > DRIFT else None
 
 
-def warm_up(model, tokenizer, engine=None) -> None:
-    """One short greedy generation whose timings are discarded."""
-    ids = tokenizer("1 + 1 =", return_tensors="pt")["input_ids"].to(model.device)
+def warm_up(model, tokenizer, engine=None, rows: int = 1) -> None:
+    """One short greedy generation (of `rows` rows) whose timings are discarded."""
+    ids = tokenizer("1 + 1 =", return_tensors="pt")["input_ids"].repeat(rows, 1).to(model.device)
     with torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=WARM_UP_TOKENS,
                        min_new_tokens=WARM_UP_TOKENS, do_sample=False, pad_token_id=tokenizer.pad_token_id or 0)

@@ -1,4 +1,8 @@
 """`evalsuite eval --plan replay`: the fewest generations, batched, and every run's engine metrics replayed."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from evalsuite.lm import plan
@@ -12,18 +16,24 @@ from .helpers import shipped_model
 TASK = "evalsuite_arith"
 
 
-def test_one_resident_pass_serves_every_exact_run_and_each_speculative_predictor_gets_one():
+def test_one_resident_pass_serves_every_exact_run_and_one_pass_every_speculative_predictor():
     passes = plan_passes(["resident", "on-demand", "router-preserving", "speculative"], "gate,quasi")
-    assert [(p.label, p.shadows) for p in passes] == [
-        ("resident", ["gate", "quasi"]), ("speculative/gate", ["gate"]), ("speculative/quasi", ["quasi"])]
+    assert [(p.label, p.shadows, p.row_predictors) for p in passes] == [
+        ("resident", ["gate", "quasi"], ()), ("speculative/gate+quasi", ["gate", "quasi"], ("gate", "quasi"))]
     assert passes[0].serves == [("resident", None), ("on-demand", None), ("router-preserving", "gate"),
                                 ("router-preserving", "quasi")]
+    assert passes[1].serves == [("speculative", "gate"), ("speculative", "quasi")]
     assert [p.label for p in plan_passes(["hybrid", "on-demand"], None)] == ["resident", "hybrid/hybrid"]
+    # an oracle replays a recorded pass, not its row's own states: a generation of its own
+    assert [p.label for p in plan_passes(["speculative"], "gate,quasi,oracle")] == \
+        ["speculative/gate+quasi", "speculative/oracle"]
 
 
-def _suite(db, out, modes, plan_="replay", batch_size=4, model="tiny-qwen3-moe", limit=6):
+def _suite(db, out, modes, plan_="replay", batch_size=4, model="tiny-qwen3-moe", limit=6, predictor=None,
+           predictor_path=None):
     return run_suite([shipped_model(model)], modes, [TASK], limit, db_url=f"sqlite:///{db}", out_dir=str(out),
-                     link="ufs4", batch_size=batch_size, plan=plan_, progress=lambda *_: None)
+                     link="ufs4", batch_size=batch_size, plan=plan_, progress=lambda *_: None, predictor=predictor,
+                     predictor_path=predictor_path)
 
 
 def _runs(db):
@@ -83,3 +93,23 @@ def test_speculative_batched_generates_what_batch_one_does(tmp_path, model):
     assert batched[0]["recall"] == pytest.approx(single[0]["recall"])
     # (hit rates are replayed with the compute costs each invocation measures: they may differ a little)
     assert batched[0]["hit_rate"] is not None and single[0]["hit_rate"] is not None
+
+
+def test_speculative_predictors_sharing_one_generation_answer_as_each_alone(tmp_path):
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    made = subprocess.run([sys.executable, "-m", "evalsuite.cli", "calibrate", "--model", shipped_model(), "--out",
+                           str(tmp_path), "--prompts", "8", "--epochs", "1", "--predictor", "estimator"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert made.returncode == 0, made.stderr
+    artifact = str(tmp_path / "predictor.safetensors")  # quasi's default vectors
+    together = _suite(db, out, ["speculative"], limit=8, predictor="gate,quasi", predictor_path=artifact)
+    alone = [_suite(db, out, ["speculative"], limit=8, predictor=name, predictor_path=artifact)[0]
+             for name in ("gate", "quasi")]
+    configs, samples, _ = _runs(db)
+    responses = {(configs[run]["predictor"], configs[run]["generated_by"]): samples[samples.run_id == run]
+                 .sort_values("doc_id")["response"].tolist() for run in configs}
+    assert responses[("gate", "speculative/gate+quasi")] == responses[("gate", "speculative/gate")]
+    assert responses[("quasi", "speculative/gate+quasi")] == responses[("quasi", "speculative/quasi")]
+    assert responses[("gate", "speculative/gate")] != responses[("quasi", "speculative/quasi")]
+    assert [r["recall"] for r in together] == pytest.approx([r["recall"] for r in alone])
+    assert [r["accuracy"] for r in together] == [r["accuracy"] for r in alone]

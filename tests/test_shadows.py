@@ -121,3 +121,44 @@ def test_speculating_with_every_expert_kept_in_the_model_gives_the_offloaded_tok
         assert (moved == 0) == keep  # kept in the model, nothing moves
     assert torch.equal(out[True].sequences, out[False].sequences)
     assert all(torch.equal(a, b) for a, b in zip(out[True].logits, out[False].logits))
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_row_groups_speculate_each_with_its_predictor_as_its_own_generation_would(model_type):
+    model = copy.deepcopy(reference_model(model_type))
+    ids, mask = batch(3)
+    names, alone = ["gate", "estimator", "frequency"], {}  # on these random models gate, quasi, adapter agree
+    for name in names:
+        engine = evalsuite.offload(model, mode="speculative", predictor=name, artifact=artifact_for(model_type),
+                                   keep_experts=True, shadows=[name])
+        with torch.no_grad():
+            alone[name] = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                                         output_logits=True, return_dict_in_generate=True)
+        alone[name].shadows = engine.take_shadows()
+        engine.close()
+    # the predictors execute different experts: what row groups must keep apart
+    assert not all(torch.equal(a, b) for a, b in zip(alone["gate"].logits, alone["estimator"].logits))
+    engine = evalsuite.offload(model, mode="speculative", predictor="gate", artifact=artifact_for(model_type),
+                               keep_experts=True, shadows=names, row_predictors=names)
+    with torch.no_grad():
+        together = model.generate(ids.repeat(3, 1), attention_mask=mask.repeat(3, 1), max_new_tokens=6,
+                                  do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    recall, sequences = engine.take_shadows()
+    assert engine.describe()["predictor"] == "gate+estimator+frequency"
+    engine.close()
+    for group, name in enumerate(names):
+        rows = slice(3 * group, 3 * group + 3)
+        assert torch.equal(together.sequences[rows], alone[name].sequences), name
+        # the same tokens; logits equal up to the rounding of a larger batch's matrix products
+        assert all(torch.allclose(a[rows], b, rtol=1e-4, atol=1e-5) for a, b in zip(together.logits, alone[name].logits))
+        alone_recall, alone_sequences = alone[name].shadows
+        assert recall[name] == alone_recall[name]  # its own rows only, sample for sample
+        own = [s for s in sequences if s.executed_by == name]
+        assert [(s.native, s.executed, s.predicted[name]) for s in own] == \
+               [(s.native, s.executed, s.predicted[name]) for s in alone_sequences]
+
+
+def test_row_predictors_need_a_mode_that_executes_predictions():
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    with pytest.raises(ValueError, match="row_predictors: mode 'router-preserving' executes no prediction"):
+        evalsuite.offload(model, mode="router-preserving", row_predictors=["gate", "quasi"])

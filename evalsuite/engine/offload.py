@@ -15,7 +15,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 
 from . import arch
 from .metrics import Counters, EngineRecord
-from .prediction import PREDICTORS, PredictionDriver
+from .prediction import PREDICTORS, PredictionDriver, RowGroups
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
@@ -81,6 +81,9 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     shadows         predictors scored beside the run without acting (any mode; one layer ahead):
                     recall@k per sample and the routing per sequence, batched rows included
                     (evalsuite.engine.shadows): `take_shadows()`.
+    row_predictors  speculative or hybrid with several predictors in one generation: the batch's rows fall in
+                    equal groups, in order, group g predicted by row_predictors[g] (and, with shadows, scored
+                    for that predictor alone); see evalsuite.engine.prediction.RowGroups.
     keep_experts    every expert stays in the model (nothing offloaded, no cache, no link): a speculative
                     or hybrid engine then substitutes experts with the model's own kernel, for
                     accuracy alone (its decisions are per token, so the cache changes no token).
@@ -98,12 +101,16 @@ class Engine(ExpertFetching):
                  link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
                  predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
                  drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, shadows=(), keep_experts=False,
-                 device=None):
+                 row_predictors=(), device=None):
         check_options(mode=mode, cache_capacity=cache_capacity, cache_policy=cache_policy, cache_pools=cache_pools,
                       link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
                       horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
                       drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
-                      trace=trace, shadows=shadows, keep_experts=keep_experts, **({} if device is None else {"device": device}))
+                      trace=trace, shadows=shadows, keep_experts=keep_experts, row_predictors=row_predictors,
+                      **({} if device is None else {"device": device}))
+        if row_predictors and not MODES[mode].speculates:
+            raise ValueError(f"row_predictors: mode {mode!r} executes no prediction, so its rows need no predictor "
+                             f"each; use it with {' or '.join(names_where(speculates=True))}")
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
         self.model, self.mode = model, mode
@@ -133,6 +140,10 @@ class Engine(ExpertFetching):
             self._check_predicting(horizon)
             self.predictor = self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers,
                                                    drift_threshold)
+        if row_predictors:
+            self.predictor = RowGroups([self._build_predictor(name, predictor_path, artifact, horizon, drift_layers,
+                                                              drift_threshold) for name in row_predictors],
+                                       lambda: self.forward.rows)
         shadow_predictors = {name: self._build_predictor(name, predictor_path, artifact, 1, drift_layers,
                                                          drift_threshold) for name in shadows}
         offloads = MODES[mode].offloads and not keep_experts
@@ -151,7 +162,8 @@ class Engine(ExpertFetching):
             self._start_trace()
         self.shadows = None
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
-            self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget)
+            self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget,
+                                             list(row_predictors) or None)
         if predictor is not None:
             scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts and offloads else None
             self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],

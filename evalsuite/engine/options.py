@@ -47,6 +47,10 @@ RULES = {
                   lambda: f"is not one of: {', '.join(PREDICTORS)}"),
     "shadows": (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS for n in v),
                 lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS if n not in NOT_SHADOWS)),
+    "row_predictors": (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS
+                                                                      for n in v),
+                       lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS
+                                                                                   if n not in NOT_SHADOWS)),
     "transfer_timeout_s": (lambda v: _is_number(v) and v > 0,
                            "must be a number of seconds above 0, e.g. transfer_timeout_s=60"),
     "horizon": (lambda v: _is_whole(v, 1), "must be a whole number of at least 1 (sparse layers ahead)"),

@@ -39,13 +39,15 @@ class SequenceRouting:
     native: list[list[list[int]]] = field(default_factory=list)  # per decode step, per sparse layer
     executed: list[list[list[int]]] = field(default_factory=list)
     predicted: dict[str, list[list[list[int] | None]]] = field(default_factory=dict)  # predictor -> step -> layer
+    executed_by: str | None = None  # with row_predictors: the predictor its row group executed
 
 
 class ShadowPredictions:
     """Router hooks that score `predictors` (name -> Predictor) beside the model; see the module doc."""
 
-    def __init__(self, engine, predictors: dict, recall_ks, budget: int):
+    def __init__(self, engine, predictors: dict, recall_ks, budget: int, row_groups: list[str] | None = None):
         self.engine, self.predictors, self.recall_ks, self.budget = engine, predictors, tuple(recall_ks), budget
+        self.row_groups = row_groups  # with row_predictors: group g's rows count for row_groups[g] alone
         self.depth = max(budget, *self.recall_ks)  # candidates kept per prediction
         self.recall: dict[str, dict[int, dict[int, list[float]]]] = {n: {} for n in predictors}  # name -> k -> layer
         self.sequences: list[SequenceRouting] = []
@@ -154,7 +156,8 @@ class ShadowPredictions:
                     n = counted.sum(dim=0)
                     mean = (per_token * counted).sum(dim=0) / n.clamp(min=1)
                     layers = self.recall[name].setdefault(k, {}).setdefault(layer.index, [])
-                    layers.extend(mean[r].item() for r in range(request.rows) if n[r] > 0)
+                    layers.extend(mean[r].item() for r in range(request.rows)
+                                  if n[r] > 0 and self._group(r, request.rows) in (None, name))
 
     def _keep_routing(self, request, kept, steps) -> None:
         prefill = [p.tolist() for p in request.prefill]  # per layer: rows x experts used (bool)
@@ -173,7 +176,12 @@ class ShadowPredictions:
             sequence.executed = [[None if layer is None else layer[row] for layer in step] for step in executed[:n]]
             sequence.predicted = {name: [[None if layer is None else layer[row] for layer in step] for step in d[:n]]
                                   for name, d in depth.items()}
+            sequence.executed_by = self._group(row, request.rows)
             self.sequences.append(sequence)
+
+    def _group(self, row: int, rows: int) -> str | None:
+        """The predictor row `row` of `rows` executed (row_predictors), else None."""
+        return None if self.row_groups is None else self.row_groups[row * len(self.row_groups) // rows]
 
     def take(self) -> tuple[dict, list[SequenceRouting]]:
         """What was recorded since the last take: recall (name -> k -> layer -> per sample) and the sequences."""

@@ -7,7 +7,10 @@ accuracy does not depend on the batch or the cache either. The plan therefore ge
 
   one resident pass     every predictor of the router-preserving runs scored beside it as a shadow
                         (evalsuite.engine.shadows): recall@k per sample and layer, and the routing
-  one pass per speculative (or hybrid) predictor, every expert resident, its predictor as a shadow
+  one speculative pass  every expert resident; each batch is generated once per speculative predictor
+                        in one call, row group g executing predictor g (`row_predictors`), each
+                        predictor its own rows' shadow; lm-eval then scores every group's answers
+  one pass per hybrid predictor (and per predictor that reads more than its own row's states)
 
 and gives every requested run its engine metrics (hit rate, prefetch precision, bytes, stall, TPOT)
 by replaying the recorded routing through the engine's own cache and scheduler
@@ -35,6 +38,7 @@ from ..engine.modes import MODES, REFERENCE
 from ..engine.transfer import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
+from ..predict.predictors import PREDICTORS as PREDICTOR_CLASSES
 from ..results.lm_eval_rows import stored_results
 from .preflight import requested_runs
 from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
@@ -54,10 +58,11 @@ class Pass:
     predictor: str | None  # what a speculative pass executes
     shadows: list[str]
     serves: list[tuple[str, str | None]]
+    row_predictors: tuple[str, ...] = ()  # several speculative predictors, one row group each
 
     @property
     def label(self) -> str:
-        return self.mode + (f"/{self.predictor}" if self.predictor else "")
+        return self.mode + (f"/{'+'.join(self.row_predictors) or self.predictor}" if self.predictor else "")
 
 
 def plan_passes(modes, predictor) -> list[Pass]:
@@ -68,8 +73,19 @@ def plan_passes(modes, predictor) -> list[Pass]:
     if exact:
         shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
         passes.append(Pass(REFERENCE, None, shadows, exact))
-    return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in runs
-                     if MODES[mode].speculates]
+    speculative = [(mode, chosen) for mode, chosen in runs if MODES[mode].speculates]
+    together = [chosen for mode, chosen in speculative if mode == "speculative" and row_independent(chosen)]
+    merged = [("speculative", chosen) for chosen in together] if len(together) > 1 else []
+    if merged:
+        passes.append(Pass("speculative", together[0], together, merged, tuple(together)))
+    return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in speculative
+                     if (mode, chosen) not in merged]
+
+
+def row_independent(predictor: str) -> bool:
+    """Whether the predictor scores each token from that token's own states alone, so rows executing
+    other predictors can share its batch (not the oracles, which replay a recorded pass, nor hybrid)."""
+    return predictor in PREDICTOR_CLASSES and PREDICTOR_CLASSES[predictor].stateless
 
 
 def describe(passes: list[Pass], target, request) -> str:
@@ -97,6 +113,8 @@ def run_plan(db, request, target) -> list[dict]:
             extra = [f"shadows={';'.join(p.shadows or ['gate'])}"]
             if speculative:  # every expert stays in the model: its tokens do not depend on the cache
                 extra.append("keep_experts=True")
+            if p.row_predictors:
+                extra.append(f"row_predictors={';'.join(p.row_predictors)}")
             if p.shadows and request.predictor_path and not speculative:
                 extra.append(f"predictor_path={request.predictor_path}")
             lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
@@ -119,18 +137,18 @@ def run_plan(db, request, target) -> list[dict]:
                 if missing:
                     if costs is None:
                         costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows])
-                    timing.warm_up(lm.model, target.tokenizer, lm.engine)
+                    timing.warm_up(lm.model, target.tokenizer, lm.engine, rows=len(p.row_predictors) or 1)
                     if index == 0:
                         request.progress(estimate(lm, target, request, passes, missing))
                 for task in missing:
                     request.progress(f"[evalsuite] {target.name} / pass {p.label} / {task} (limit {request.limit})")
                     started = time.time()
-                    results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager,
-                                                               request.options, request.confirm_run_unsafe_code))
+                    answers = _evaluate_groups(lm, task, request, p)
                     shadows = lm.shadow_records.pop(task)
                     if p.mode == REFERENCE:
-                        reference[task] = results
-                    queued += [(runs[(mode, chosen)], configs[(mode, chosen)], mode, chosen, task, results, started,
+                        reference[task] = answers[None]
+                    queued += [(runs[(mode, chosen)], configs[(mode, chosen)], mode, chosen, task,
+                                answers.get(chosen, answers[None]), started,
                                 replayed_summary(lm.engine, shadows, costs, request, mode, chosen))
                                for (mode, chosen), (_, _, done) in runs.items() if task not in done]
         for (run_id, uid, _), config, mode, chosen, task, results, started, summary in queued:
@@ -147,6 +165,24 @@ def run_plan(db, request, target) -> list[dict]:
                 table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
                            replayed=True))
     return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
+
+
+def _evaluate_groups(lm, task: str, request, p: Pass) -> dict:
+    """lm-eval's results of the pass on `task`: {None: the generation's}, and with row groups, each group's
+    predictor -> its rows' answers scored (generated with the first group's, see SpecMoELM.answer_as)."""
+    out = {None: add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+                                                  request.confirm_run_unsafe_code))}
+    for group, name in enumerate(p.row_predictors):
+        if group == 0:
+            out[name] = out[None]
+            continue
+        lm.answer_as(group)
+        try:
+            out[name] = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+                                                         request.confirm_run_unsafe_code))
+        finally:
+            lm.answer_as(None)  # (its shadow record gained nothing: the generation's holds every group)
+    return out
 
 
 def _label(mode: str, predictor: str | None) -> str:
@@ -226,7 +262,8 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
     meta = {"expert_bytes": engine.layout.nbytes, "budget": engine.budget}
     sequences = [replace(s, prefill_predicted={k: v for k, v in s.prefill_predicted.items() if k == predictor},
                          predicted={k: v for k, v in s.predicted.items() if k == predictor})
-                 for s in shadows.sequences]  # what the replay reads, and no more, goes to the replay process
+                 for s in shadows.sequences if s.executed_by in (None, predictor)]
+    # what the replay reads, and no more, goes to the replay process: this run's rows, its predictor's candidates
     capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
     options = request.engine_options
     stats = replays().submit(replayed_sequences, sequences, predictor, [l.index for l in layers], experts, top_k,
@@ -284,7 +321,8 @@ def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
     """An upper bound of the plan's generation time: one timed batched step, times the steps every pass
     could take (each batch generating its task's max_gen_toks)."""
     rows = request.batch_size
-    ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows, return_tensors="pt")["input_ids"]
+    groups = len(passes[0].row_predictors) or 1  # the first pass's engine: its rows as it will generate them
+    ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows * groups, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         started = time.perf_counter()
         lm.model.generate(ids.to(lm.model.device), attention_mask=torch.ones_like(ids).to(lm.model.device),

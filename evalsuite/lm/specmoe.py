@@ -32,10 +32,10 @@ from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
                "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
-               "recall_k", "drift_layers", "preserve_layers", "shadows", "keep_experts")
+               "recall_k", "drift_layers", "preserve_layers", "shadows", "keep_experts", "row_predictors")
 # model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8, shadows=gate;quasi
 LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
-NAME_LISTS = ("shadows",)
+NAME_LISTS = ("shadows", "row_predictors")
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
 # what lm-eval hands its loader that does not change the weights; any other loading option (peft, delta,
 # parallelize, quantization, gguf_file, from_pretrained keywords) acts on from_pretrained, which a model built
@@ -122,13 +122,37 @@ class EngineAdapter:
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
         self.shadow_records: dict[str, ShadowRecord] = defaultdict(ShadowRecord)  # with shadows=...
         self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
+        self.answering: int | None = None  # row_predictors: the group whose stored generations lm-eval gets
+        self.answers: dict[int, list] = defaultdict(list)  # group -> [(context, generated)], batch by batch
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """lm-eval's generation; with shadow predictors, each row's steps are cut where its batch-1
-        generation would have stopped (lm-eval stops a batch only once every row met its stop sequence)."""
-        out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        generation would have stopped (lm-eval stops a batch only once every row met its stop sequence).
+        With `row_predictors`, the batch is generated once per predictor in one call (see `answer_as`)."""
+        if self.answering is not None:
+            return self._answer(context)
+        groups = len(self.engine_args.get("row_predictors") or ()) or 1
+        if groups > 1:
+            generation_kwargs["attention_mask"] = generation_kwargs["attention_mask"].repeat(groups, 1)
+        out = super()._model_generate(context.repeat(groups, 1), max_length, stop, **generation_kwargs)
         self._name_batch_rows()
         self._cut_rows(out[:, context.shape[1]:], stop)
+        rows = context.shape[0]
+        for group in range(1, groups):
+            self.answers[group].append((context, out[group * rows:(group + 1) * rows]))
+        return out[:rows]
+
+    def answer_as(self, group: int | None) -> None:
+        """With `row_predictors` (speculative, every expert kept): each batch is generated once for every
+        predictor in one call, row group g executing predictor g (a speculative decision is per token, so a row
+        does not depend on the others). lm-eval then scores group 0; after `answer_as(g)` the same evaluation
+        gets group g's generations back, batch for batch, instead of generating. None: generate again."""
+        self.answering = group
+
+    def _answer(self, context):
+        stashed, out = self.answers[self.answering].pop(0)
+        if not torch.equal(stashed, context):
+            raise RuntimeError("specmoe: a row group's evaluation asked for other batches than the generation made")
         return out
 
     def _model_multimodal_generate(self, inputs, max_length, stop, **generation_kwargs):
