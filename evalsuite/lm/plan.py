@@ -95,7 +95,9 @@ def describe(passes: list[Pass], target, request) -> str:
     for i, p in enumerate(passes, 1):
         served = ", ".join(mode + (f"/{chosen}" if chosen else "") for mode, chosen in p.serves)
         shadows = f" with shadows {','.join(p.shadows)}" if p.shadows else ""
-        lines.append(f"  {i}. {p.label}{shadows} -> {served}")
+        groups = f" ({len(p.row_predictors)} row groups: each batch generated once per predictor in one call)" \
+            if p.row_predictors else ""
+        lines.append(f"  {i}. {p.label}{shadows}{groups} -> {served}")
     return "\n".join(lines)
 
 
