@@ -81,3 +81,12 @@ def test_resident_mode_computes_with_the_models_own_kernel_and_counts_every_use_
         assert model.config._experts_implementation == kernel  # handed back on close
         assert stats["hits"] == stats["expert_uses"] > 0 and stats["misses"] == 0
     assert not torch.equal(logits["eager"], logits["grouped_mm"])  # the kernels differ, so the test tells them apart
+
+
+def test_the_spread_holds_the_median_even_where_the_percentile_formula_rounds_above_it():
+    from evalsuite.engine.metrics import summarise
+
+    seconds = [0.0017461749148192807] * 5 + [0.006682027389099894]  # quantiles() gives p10 one ulp above
+    spread = summarise(seconds)
+    assert spread["p10"] <= spread["median"] <= spread["p90"]
+    assert spread["median"] == pytest.approx(1.7461749148192807) and spread["p90"] > spread["median"]
