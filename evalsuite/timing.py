@@ -54,9 +54,12 @@ def busy(device: str = "cpu") -> float | None:
     return load if load > (os.cpu_count() or 1) - torch.get_num_threads() + 0.5 else None
 
 
-def probe() -> float:
+def probe(device: str = "cpu") -> float | None:
     """Milliseconds of a fixed piece of work (matrix products and a Python loop, like a decode step's mix)
-    on the pinned threads: the fastest of PROBE_REPEATS, so a single interruption does not count."""
+    on the pinned threads: the fastest of PROBE_REPEATS, so a single interruption does not count. None off
+    the CPU, where the timing is the device's and a CPU probe would not measure it (as `busy`)."""
+    if torch.device(device).type != "cpu":
+        return None
     a = torch.ones(96, 96)
     best = float("inf")
     for _ in range(PROBE_REPEATS):

@@ -37,6 +37,7 @@ def test_the_table_flags_tpots_timed_while_the_machine_changed_speed():
 
 def test_the_probe_times_a_fixed_piece_of_work(monkeypatch):
     assert 0 < timing.probe() < 1e3
+    assert timing.probe("cuda") is None  # a device's timing is not the CPU's to vouch for
     ticks = iter([0.0, 0.010, 1.0, 1.004, 2.0, 2.012] + [3.0, 3.02] * timing.PROBE_REPEATS)
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
     assert timing.probe() == pytest.approx(4.0)  # the fastest repeat: one interruption does not count

@@ -136,10 +136,10 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             if task in done:
                 continue
             progress(f"[evalsuite] {name} / {mode} / {task} (limit {request.limit}, run {run_id})")
-            started, before = time.time(), timing.probe()
+            started, before = time.time(), timing.probe(request.device)
             results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
                                                        request.confirm_run_unsafe_code))
-            results["timing"] = {"probe_ms": [before, timing.probe()]}  # the machine's speed around the task
+            results["timing"] = {"probe_ms": [before, timing.probe(request.device)]}  # the CPU's speed around it
             if mode == REFERENCE:
                 reference[task] = results
             else:
