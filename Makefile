@@ -31,7 +31,7 @@ GEN_KWARGS ?=
 SEED      ?=
 CHAT_TEMPLATE ?=
 PLAN      ?=
-EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor $(PREDICTOR)) \
+EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor '$(PREDICTOR)') \
 	$(if $(PREDICTOR_PATH),--predictor-path $(PREDICTOR_PATH)) $(if $(TASKS),--tasks $(TASKS)) \
 	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \
 	$(if $(DB),--db $(DB)) $(if $(SANDBOX),--sandbox $(SANDBOX)) --device $(DEVICE) $(if $(DTYPE),--dtype $(DTYPE)) \

@@ -5,17 +5,18 @@
             predictor as a shadow, one pass per speculative predictor, engine metrics replayed
   measure   `evalsuite eval --plan measure` at batch 1: every configuration generated through the engine
 
-Default grid: resident, on-demand, router-preserving x gate/quasi/adapter/estimator, speculative x gate/quasi
-(the speculative pass runs each predictor given that fits it, here gate and quasi), on gsm8k_es and
+Default grid, one request (`--predictor 'gate,quasi,adapter,estimator;speculative=gate,quasi'`): resident,
+on-demand, router-preserving x gate/quasi/adapter/estimator, speculative x gate/quasi, on gsm8k_es and
 evalsuite_arith, limit 64, tiny-qwen3-moe. Calibration (for quasi, adapter, estimator) runs first, untimed.
 
-    python bench/whole_benchmarks.py [--model DIR] [--limit 64] [--batch-size 16] [--skip-measure] [--json F]
+    python bench/whole_benchmarks.py [--model DIR] [--limit 64] [--batch-size 16] [--repeats 3] [--skip-measure] [--json F]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from evalsuite import timing  # noqa: E402
+from evalsuite.lm import preflight  # noqa: E402
 from evalsuite.table import Column, format_table  # noqa: E402
 from evalsuite.tasks import TASKS_DIR  # noqa: E402
 
-RP_PREDICTORS = ("gate", "quasi", "adapter", "estimator")
-SPEC_PREDICTORS = ("gate", "quasi")
+GRID_MODES = ["resident", "on-demand", "router-preserving", "speculative"]
+GRID_PREDICTORS = "gate,quasi,adapter,estimator;speculative=gate,quasi"
 
 
 def plain(model: str, tasks: list[str], limit: int, batch_size: int) -> float:
@@ -44,16 +46,14 @@ def plain(model: str, tasks: list[str], limit: int, batch_size: int) -> float:
     return time.perf_counter() - started
 
 
-def suite(model, tasks, limit, batch_size, plan, artifact, workdir, grid) -> tuple[float, list[dict]]:
+def suite(model, tasks, limit, batch_size, plan, artifact, workdir, round_: int) -> tuple[float, list[dict]]:
+    """The grid as one `evalsuite eval` request: each predicting mode with its own predictors (--predictor groups)."""
     from evalsuite.lm.suite import run_suite
 
-    rows = []
     started = time.perf_counter()
-    for modes, predictors in grid:
-        rows += run_suite([model], modes, tasks, limit, predictor=",".join(predictors) if predictors else None,
-                          predictor_path=artifact, link="ufs4", db_url=f"sqlite:///{workdir}/{plan}.db",
-                          out_dir=os.path.join(workdir, plan), batch_size=batch_size, plan=plan, fresh=True,
-                          progress=lambda *_: None)
+    rows = run_suite([model], GRID_MODES, tasks, limit, predictor=GRID_PREDICTORS, predictor_path=artifact,
+                     link="ufs4", db_url=f"sqlite:///{workdir}/{plan}-{round_}.db", out_dir=os.path.join(workdir, plan),
+                     batch_size=batch_size, plan=plan, fresh=True, progress=lambda *_: None)
     return time.perf_counter() - started, rows
 
 
@@ -64,6 +64,7 @@ def main() -> int:
     p.add_argument("--tasks", default="gsm8k_es,evalsuite_arith")
     p.add_argument("--limit", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3, help="rounds of plain then replay")
     p.add_argument("--skip-measure", action="store_true", help="leave out the per-configuration batch-1 runs")
     p.add_argument("--json", help="write the numbers here")
     args = p.parse_args()
@@ -74,23 +75,35 @@ def main() -> int:
     artifact = os.path.join(workdir, "predictor.safetensors")
     subprocess.run([sys.executable, "-m", "evalsuite.cli", "calibrate", "--model", args.model, "--predictor", "all",
                     "--out", workdir], check=True, capture_output=True)
-    # one request: the suite plans it (and runs router-preserving with every predictor given, speculative with
-    # those that fit); measured, each (mode, predictor) is its own batch-1 run
-    grid = [(["resident", "on-demand", "router-preserving"], RP_PREDICTORS), (["speculative"], SPEC_PREDICTORS)]
     out = {"model": args.model, "tasks": tasks, "limit": args.limit, "batch_size": args.batch_size,
            "machine": timing.machine("cpu"), "torch_threads": torch.get_num_threads()}
-    out["plain_s"] = plain(args.model, tasks, args.limit, args.batch_size)
-    out["replay_s"], rows = suite(args.model, tasks, args.limit, args.batch_size, "replay", artifact, workdir, grid)
-    if not args.skip_measure:
-        out["measure_s"], measured = suite(args.model, tasks, args.limit, 1, "measure", artifact, workdir, grid)
-    ways = [(f"plain lm_eval hf, batch {args.batch_size}", "plain_s"),
-            (f"--plan replay, batch {args.batch_size}", "replay_s"), ("--plan measure, batch 1", "measure_s")]
-    print(format_table([[way, out[key], out[key] / out["plain_s"]] for way, key in ways if key in out],
-                       ["way", Column("wall s", ".1f"), Column("x plain", ".2f")]))
+    # rounds of plain then replay: this machine's speed drifts by up to 2x over minutes, so each round's ratio
+    # compares adjacent runs, and the spread over rounds says how far one ratio can be trusted
+    rounds = []
+    for r in range(args.repeats):
+        preflight.task_manager.cache_clear()  # every way builds lm-eval's task index itself, in every round
+        plain_s = plain(args.model, tasks, args.limit, args.batch_size)
+        preflight.task_manager.cache_clear()
+        replay_s, rows = suite(args.model, tasks, args.limit, args.batch_size, "replay", artifact, workdir, r)
+        rounds.append({"plain_s": plain_s, "replay_s": replay_s, "ratio": replay_s / plain_s})
+        print(f"round {r + 1}: plain {plain_s:.1f} s, replay {replay_s:.1f} s ({replay_s / plain_s:.2f}x)", flush=True)
+    out["rounds"] = rounds
+    ratios = sorted(r["ratio"] for r in rounds)
+    out["replay_x_plain"] = statistics.median(ratios)
+    table = [[f"plain lm_eval hf, batch {args.batch_size}", statistics.median(r["plain_s"] for r in rounds), 1.0, ""],
+             [f"--plan replay, batch {args.batch_size}", statistics.median(r["replay_s"] for r in rounds),
+              out["replay_x_plain"], f"{ratios[0]:.2f}-{ratios[-1]:.2f}"]]
+    if not args.skip_measure:  # once (minutes), against the replay just before it
+        preflight.task_manager.cache_clear()
+        out["measure_s"], _ = suite(args.model, tasks, args.limit, 1, "measure", artifact, workdir, 0)
+        out["measure_x_replay"] = out["measure_s"] / rounds[-1]["replay_s"]
+        table.append(["--plan measure, batch 1", out["measure_s"], out["measure_s"] / rounds[-1]["plain_s"], ""])
+    print(format_table(table, ["way", Column("wall s (median)", ".1f"), Column("x plain (median)", ".2f"),
+                               "range over rounds"]))
     if "measure_s" in out:
-        print(f"replay is {out['measure_s'] / out['replay_s']:.1f}x faster than measuring every configuration")
-    print(f"{len(rows)} rows replayed: "
-          + ", ".join(sorted({r['mode'] for r in rows})))
+        print(f"replay is {out['measure_x_replay']:.1f}x faster than measuring every configuration "
+              "(against the last round's replay)")
+    print(f"{len(rows)} rows replayed: " + ", ".join(sorted({r['mode'] for r in rows})))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**out, "rows": rows}, f, indent=1, default=str)

@@ -35,6 +35,25 @@ def names_in(choices, what: str):
     return parse
 
 
+def predictor_groups(text: str) -> str:
+    """--predictor of `evalsuite eval`: 'NAME,NAME' and 'MODE=NAME,NAME' groups separated by ';'
+    (evalsuite.lm.preflight.predictor_choice), each name a predictor; the value stays the text."""
+    from .lm.preflight import predictor_choice
+
+    try:
+        choice = predictor_choice(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not choice:
+        raise argparse.ArgumentTypeError(f"{text!r} names no predictor: give a comma-separated list of "
+                                         f"{', '.join(PREDICTORS)}")
+    unknown = [name for names in choice.values() for name in names if name not in PREDICTORS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown predictor {', '.join(unknown)}: give a comma-separated list of "
+                                         f"{', '.join(PREDICTORS)}")
+    return text
+
+
 def link(text: str) -> str:
     """A link profile, 'native' or a bandwidth such as '8GB/s+20us' (the engine's rule, parse_link)."""
     try:

@@ -31,7 +31,7 @@ def _capacity(text: str):
 
 
 def _add_engine_options(p: argparse.ArgumentParser, several_predictors: bool = False) -> None:
-    from .argtypes import LINKS, POLICIES, POOLS, PREDICTORS, STORES, link, names_in
+    from .argtypes import LINKS, POLICIES, POOLS, PREDICTORS, STORES, link, predictor_groups
 
     p.add_argument("--cache-capacity", type=_capacity, default=0.5,
                    help="experts the device cache holds: a count, a fraction of all experts, '512MiB', 'all'")
@@ -42,8 +42,10 @@ def _add_engine_options(p: argparse.ArgumentParser, several_predictors: bool = F
     p.add_argument("--store", default="host", choices=STORES,
                    help="host (pinned memory) or disk (read from the safetensors files when fetched)")
     if several_predictors:  # eval: each predicting mode runs once with each that fits it
-        p.add_argument("--predictor", default=None, type=names_in(PREDICTORS, "predictor"),
-                       help=f"comma-separated, of {', '.join(PREDICTORS)} (default: each mode's own)")
+        p.add_argument("--predictor", default=None, type=predictor_groups,
+                       help=f"comma-separated, of {', '.join(PREDICTORS)} (default: each mode's own); groups "
+                       "separated by ';' may name one mode each: 'gate,quasi,adapter;speculative=gate' runs "
+                       "speculative with gate alone, the other predicting modes with all three")
     else:
         p.add_argument("--predictor", default=None, choices=PREDICTORS, help="default: each mode's own")
     p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")

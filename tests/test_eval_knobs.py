@@ -55,7 +55,7 @@ def make_eval(*variables) -> str:
 
 def test_make_eval_leaves_the_predictor_to_each_mode_and_passes_the_artifact():
     assert "--predictor" not in make_eval("MODE=hybrid")
-    assert "--predictor quasi" in make_eval("MODE=speculative", "PREDICTOR=quasi")
+    assert "--predictor 'quasi'" in make_eval("MODE=speculative", "PREDICTOR=quasi")
     assert "--predictor-path art.safetensors" in make_eval("PREDICTOR_PATH=art.safetensors")
 
 

@@ -88,3 +88,15 @@ def test_a_request_is_checked_whole(manager):
         with pytest.raises((ValueError, OSError), match=".*") as info:
             check_eval(**{**request, **change}, manager=manager)
         assert words in str(info.value), (change, str(info.value))
+
+
+def test_a_bad_database_is_refused_before_the_task_index_is_built(tmp_path, monkeypatch):
+    """Building lm-eval's task index takes seconds: a database folder that does not exist is named first."""
+    from evalsuite.lm import preflight
+
+    def no_index():
+        raise AssertionError("the task index was built before the database was checked")
+
+    monkeypatch.setattr(preflight, "task_manager", no_index)
+    with pytest.raises(ValueError, match="does not exist"):
+        check_eval([shipped_model()], ["resident"], ["evalsuite_arith"], 1, db_url=f"sqlite:///{tmp_path}/no/r.db")

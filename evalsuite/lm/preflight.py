@@ -29,21 +29,53 @@ def split_names(text: str, flag: str) -> list[str]:
     return names
 
 
-def predictor_names(predictor) -> list[str]:
-    """--predictor 'gate,quasi' (or a list) -> ['gate', 'quasi']; none given -> []."""
+def predictor_choice(predictor) -> dict[str | None, list[str]]:
+    """--predictor, as groups separated by ';': a group 'NAME,NAME' is for every predicting mode a group does
+    not name, a group 'MODE=NAME,NAME' for that mode alone. 'gate,quasi,adapter;speculative=gate' ->
+    {None: ['gate', 'quasi', 'adapter'], 'speculative': ['gate']}; a list of names -> {None: names};
+    none given -> {}. Refuses, in one line, a group that names nothing, an unknown mode, a mode named twice
+    and two groups for every mode."""
     if predictor is None:
-        return []
-    names = predictor.split(",") if isinstance(predictor, str) else list(predictor)
-    return [name.strip() for name in names if name.strip()]
+        return {}
+    if not isinstance(predictor, str):
+        names = [str(name).strip() for name in predictor if str(name).strip()]
+        return {None: names} if names else {}
+    choice: dict[str | None, list[str]] = {}
+    for group in (g.strip() for g in predictor.split(";")):
+        if not group:
+            continue
+        mode, _, listed = group.rpartition("=")
+        mode = mode.strip() or None
+        names = [name.strip() for name in listed.split(",") if name.strip()]
+        if not names:
+            raise ValueError(f"--predictor {predictor!r}: {group!r} names no predictor; give e.g. "
+                             "'gate,quasi' or 'gate,quasi;speculative=gate'")
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"--predictor {predictor!r}: {mode!r} is no mode; a group 'MODE=NAMES' names one of "
+                             f"{', '.join(MODES)}")
+        if mode in choice:
+            which = f"mode {mode}" if mode else "every mode"
+            raise ValueError(f"--predictor {predictor!r}: two groups for {which}; give each mode one group")
+        choice[mode] = names
+    return choice
+
+
+def predictor_names(predictor) -> list[str]:
+    """Every predictor name --predictor gives, in any group, once each, in order."""
+    return list(dict.fromkeys(name for names in predictor_choice(predictor).values() for name in names))
 
 
 def predictors_for(mode: str, predictor) -> list[str | None]:
-    """The predictors `mode` runs, one run each: a mode with its own predictor runs that one, the others each
-    one given that no mode owns; none given, the mode's default; [None] where the mode predicts nothing."""
+    """The predictors `mode` runs, one run each: a mode's own group if --predictor names it; else a mode with
+    its own predictor runs that one, the others each one of the common group that no mode owns; none given, the
+    mode's default; [None] where the mode predicts nothing."""
     spec = MODES[mode]
-    names = predictor_names(predictor)
     if not spec.predicts:
         return [None]
+    choice = predictor_choice(predictor)
+    if mode in choice:
+        return choice[mode]
+    names = choice.get(None, [])
     if spec.own_predictor or not names:
         return [spec.predictor]
     return [name for name in names if name not in _owned()]
@@ -60,16 +92,40 @@ def _owned() -> set[str]:
 
 def check_predictor(modes, predictor) -> None:
     """Every predictor given exists; each predicting mode gets one that fits it, and each one given is run."""
-    names = predictor_names(predictor)
-    if not names:
-        return
-    for name in names:
+    choice = predictor_choice(predictor)
+    for name in predictor_names(predictor):
         check_options(predictor=name)
+    for mode, names in choice.items():
+        if mode is not None:
+            _check_mode_group(mode, names, modes)
+    names = choice.get(None)
+    if names:
+        _check_common_group(names, [mode for mode in modes if mode not in choice])
+
+
+def _check_mode_group(mode: str, names: list[str], modes) -> None:
+    """A group 'MODE=NAMES': the mode is asked for, predicts, and every name fits it."""
+    given = f"--predictor {mode}={','.join(names)}"
+    spec = MODES[mode]
+    if mode not in modes:
+        raise ValueError(f"{given}: {mode} is not among --modes {','.join(modes)}; add it, or leave the group out")
+    if not spec.predicts:
+        raise ValueError(f"{given}: mode {mode} uses no predictor; leave the group out")
+    if spec.own_predictor and names != [spec.predictor]:
+        raise ValueError(f"{given}: mode {mode} runs the {spec.predictor} predictor only; leave the group out")
+    owned = [name for name in names if name in _owned() and not spec.own_predictor]
+    if owned:
+        owner = next(m.name for m in MODES.values() if m.own_predictor and m.predictor == owned[0])
+        raise ValueError(f"{given}: the {owned[0]} predictor belongs to mode {owner}; leave it out of the group")
+
+
+def _check_common_group(names: list[str], modes) -> None:
+    """The group for every mode no group names."""
     given = ",".join(names)
     predicting = [mode for mode in modes if MODES[mode].predicts]
     if not predicting:
-        raise ValueError(f"--predictor {given}: mode(s) {', '.join(modes)} use no predictor; leave --predictor "
-                         f"out, or add one of {', '.join(names_where(predicts=True))} to --modes")
+        raise ValueError(f"--predictor {given}: mode(s) {', '.join(modes) or '(none left)'} use no predictor; leave "
+                         f"--predictor out, or add one of {', '.join(names_where(predicts=True))} to --modes")
     free = [name for name in names if name not in _owned()]
     for mode in (MODES[name] for name in predicting if MODES[name].own_predictor):
         if mode.predictor not in names:
@@ -145,15 +201,15 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
                      if v is not None})
     check_predictor(modes, predictor)
     check_run_options(device if model_files else "cpu", dtype, batch_size, num_fewshot, gen_kwargs, seed)
+    if open_db:
+        from ..results import ResultsDB
+
+        ResultsDB(db_url).close()  # a bad or unreachable URL fails here, before the task index is built (seconds)
     manager = manager or task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     requested = _known_tasks(tasks_of, manager)
     if num_fewshot is not None:
         check_fewshot(requested, num_fewshot, manager)
-    if open_db:
-        from ..results import ResultsDB
-
-        ResultsDB(db_url).close()  # a bad or unreachable URL fails here
     # a missing model is named before the code tasks its defaults would bring; a Hub id is resolved here
     paths = [local_model(model) for model in models] if model_files else []
     unsafe = unsafe_tasks(requested, manager)
