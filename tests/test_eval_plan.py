@@ -113,3 +113,36 @@ def test_speculative_predictors_sharing_one_generation_answer_as_each_alone(tmp_
     assert responses[("gate", "speculative/gate")] != responses[("quasi", "speculative/quasi")]
     assert [r["recall"] for r in together] == pytest.approx([r["recall"] for r in alone])
     assert [r["accuracy"] for r in together] == [r["accuracy"] for r in alone]
+
+
+def test_a_vision_language_model_is_planned_too(tmp_path):
+    """Image tokens and all: on-demand replayed from the batched resident pass equals the measured run, and the
+    speculative pass at batch 4 answers as batch 1 does (one pass per speculative predictor: image inputs are
+    not repeated into row groups)."""
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    assert [p.label for p in plan_passes(["on-demand", "speculative"], "gate,quasi", row_groups=False)] == \
+        ["resident", "speculative/gate", "speculative/quasi"]
+
+    def suite(plan_, batch_size):
+        return run_suite([shipped_model("tiny-qwen3-vl-moe")], ["on-demand", "speculative"], ["evalsuite_vision"], 6,
+                         db_url=f"sqlite:///{db}", out_dir=str(out), link="ufs4", batch_size=batch_size, plan=plan_,
+                         progress=lambda *_: None)
+
+    replayed, measured = suite("replay", 4), suite("measure", 1)
+    assert [r["replayed"] for r in replayed] == [True, True] and not any(r["replayed"] for r in measured)
+    assert replayed[0]["hit_rate"] == measured[0]["hit_rate"]
+    assert replayed[1]["recall"] == pytest.approx(measured[1]["recall"])
+    configs, samples, engine = _runs(db)
+    key = {run: (c["mode"], c["engine_metrics"]) for run, c in configs.items()}
+    responses = {key[run]: samples[samples.run_id == run].sort_values("doc_id")["response"].tolist() for run in key}
+    assert responses[("speculative", "replayed")] == responses[("speculative", "measured")]
+    uses = {key[run]: engine[(engine.run_id == run) & engine.layer.isna()]["tokens"].iloc[0] for run in key}
+    assert uses[("on-demand", "replayed")] == uses[("on-demand", "measured")]
+
+
+def test_row_groups_are_refused_on_a_vision_language_model():
+    from evalsuite.lm.specmoe import SpecMoEVLM
+
+    with pytest.raises(ValueError, match="row_predictors is for text models"):
+        SpecMoEVLM(pretrained=shipped_model("tiny-qwen3-vl-moe"), mode="speculative", keep_experts=True,
+                   row_predictors="gate;quasi")

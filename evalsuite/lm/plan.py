@@ -10,7 +10,8 @@ accuracy does not depend on the batch or the cache either. The plan therefore ge
   one speculative pass  every expert resident; each batch is generated once per speculative predictor
                         in one call, row group g executing predictor g (`row_predictors`), each
                         predictor its own rows' shadow; lm-eval then scores every group's answers
-  one pass per hybrid predictor (and per predictor that reads more than its own row's states)
+  one pass per hybrid predictor (and per predictor that reads more than its own row's states; on a
+                        vision-language model, per speculative predictor: image inputs are not repeated)
 
 and gives every requested run its engine metrics (hit rate, prefetch precision, bytes, stall, TPOT)
 by replaying the recorded routing through the engine's own cache and scheduler
@@ -65,8 +66,9 @@ class Pass:
         return self.mode + (f"/{'+'.join(self.row_predictors) or self.predictor}" if self.predictor else "")
 
 
-def plan_passes(modes, predictor) -> list[Pass]:
-    """The fewest generations that give every (mode, predictor) run the request asks for."""
+def plan_passes(modes, predictor, row_groups: bool = True) -> list[Pass]:
+    """The fewest generations that give every (mode, predictor) run the request asks for; `row_groups=False`:
+    one speculative pass per predictor (a vision-language model, whose image inputs are not repeated per group)."""
     runs = requested_runs(modes, predictor)
     exact = [(mode, chosen) for mode, chosen in runs if not MODES[mode].speculates]
     passes = []
@@ -75,7 +77,7 @@ def plan_passes(modes, predictor) -> list[Pass]:
         passes.append(Pass(REFERENCE, None, shadows, exact))
     speculative = [(mode, chosen) for mode, chosen in runs if MODES[mode].speculates]
     together = [chosen for mode, chosen in speculative if mode == "speculative" and row_independent(chosen)]
-    merged = [("speculative", chosen) for chosen in together] if len(together) > 1 else []
+    merged = [("speculative", chosen) for chosen in together] if len(together) > 1 and row_groups else []
     if merged:
         passes.append(Pass("speculative", together[0], together, merged, tuple(together)))
     return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in speculative
@@ -105,7 +107,7 @@ def run_plan(db, request, target) -> list[dict]:
     """Every pass of the plan; each run's tasks are stored once their replays are done, after the last pass
     (the replays run in a second process meanwhile, see `replays`; the runs close when all are stored); the rows
     in the order the runs were asked for, as `--plan measure` prints them."""
-    passes = plan_passes(request.modes, request.predictor)
+    passes = plan_passes(request.modes, request.predictor, row_groups=target.adapter == "specmoe")
     request.progress(describe(passes, target, request))
     rows, costs, reference, queued = {}, None, {}, []
     with contextlib.ExitStack() as open_runs:

@@ -308,6 +308,9 @@ class SpecMoEVLM(EngineAdapter, HFMultimodalLM):
     def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
                  **kwargs):
         pretrained = self._start(pretrained, kwargs, mode, cache_capacity, experts_implementation)
+        if self.engine_args.get("row_predictors"):  # its image inputs are not repeated once per row group
+            raise ValueError("specmoe-vlm: row_predictors is for text models; run each speculative predictor "
+                             "on its own (predictor=NAME)")
         super().__init__(pretrained=pretrained, **kwargs)
         self._offload()
 

@@ -95,14 +95,11 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
             tokenizer=AutoTokenizer.from_pretrained(path), tasks=list(tasks),
             # what confined the generated code of this model's runs (None: no task runs code)
             sandbox=confinement_to_use() if unsafe_tasks(tasks, manager) else None)
-        if plan == "replay" and target.adapter == "specmoe":
+        if plan == "replay":
             from .plan import run_plan
 
             rows += run_plan(db, request, target)
             continue
-        if plan == "replay":
-            progress(f"[evalsuite] {target.name}: a vision-language model is measured configuration by configuration "
-                     "(--plan replay covers text models)")
         reference: dict[str, dict] = {}
         runs, measured = requested_runs(modes, predictor), {}
         for mode, chosen in sorted(runs, key=lambda run: run[0] != REFERENCE):  # resident first: the others' same tok
