@@ -81,15 +81,15 @@ def test_two_processes_writing_one_sqlite_file_lose_nothing(tmp_path):
 CONFIG = {"model": "tiny", "mode": "resident", "limit": 2, "tasks": ["task0", "task1", "task2"]}
 
 
-def _claim_and_write(url, start, hang_after, delay, log):
+def _claim_and_write(url, start, hang_after, after, claimed, log):
     from evalsuite.lm.runs import open_run
 
     db = ResultsDB(url)
-    start.wait()  # both claim at the same moment (or `delay` seconds later)
-    time.sleep(delay)
+    (after or start).wait()  # both claim at the same moment, or this one once the other has claimed
     messages = []
-    claimed = open_run(db, dict(CONFIG), False, messages.append)
-    run_id, done = claimed[0], claimed[-1]
+    claimed_run = open_run(db, dict(CONFIG), False, messages.append)
+    claimed.set()
+    run_id, done = claimed_run[0], claimed_run[-1]
     for n, task in enumerate(t for t in CONFIG["tasks"] if t not in done):
         if n == hang_after:
             log.put((run_id, sorted(done), messages))
@@ -100,10 +100,14 @@ def _claim_and_write(url, start, hang_after, delay, log):
     log.put((run_id, sorted(done), messages))
 
 
-def _claimers(url, hang_after=(None, None), delay=(0, 0)):
+def _claimers(url, hang_after=(None, None), ordered=False):
+    """Two processes evaluating CONFIG; `ordered`: the second claims only once the first has (a machine under
+    load could otherwise start the second first)."""
     start, log = FORK.Event(), FORK.Queue()
-    processes = [FORK.Process(target=_claim_and_write, args=(url, start, hang, wait, log))
-                 for hang, wait in zip(hang_after, delay)]
+    claimed = [FORK.Event(), FORK.Event()]
+    after = [None, claimed[0] if ordered else None]
+    processes = [FORK.Process(target=_claim_and_write, args=(url, start, hang, after[i], claimed[i], log))
+                 for i, hang in enumerate(hang_after)]
     for process in processes:
         process.start()
     start.set()
@@ -129,7 +133,7 @@ def test_two_evaluations_of_one_configuration_store_one_run(tmp_path):
 def test_a_waiting_evaluation_resumes_the_claim_of_one_that_died(tmp_path):
     url = f"sqlite:///{tmp_path / 'results.db'}"
     ResultsDB(url).close()
-    processes, log = _claimers(url, hang_after=(1, None), delay=(0, 1))
+    processes, log = _claimers(url, hang_after=(1, None), ordered=True)
     run_id, _, _ = log.get(timeout=120)  # the first claimer hangs after one task
     os.kill(processes[0].pid, signal.SIGKILL)
     resumed, done, messages = log.get(timeout=120)
