@@ -6,7 +6,7 @@ import argparse
 
 from . import predict  # noqa: F401  (fills the engine's predictor registry)
 from .engine.eviction import POLICIES
-from .engine.modes import MODES
+from .engine.modes import MODES, predictor_choice
 from .engine.options import POOLS, STORES
 from .engine.prediction import PREDICTORS
 from .engine.transfer import LINKS, parse_link
@@ -37,9 +37,7 @@ def names_in(choices, what: str):
 
 def predictor_groups(text: str) -> str:
     """--predictor of `evalsuite eval`: 'NAME,NAME' and 'MODE=NAME,NAME' groups separated by ';'
-    (evalsuite.lm.preflight.predictor_choice), each name a predictor; the value stays the text."""
-    from .lm.preflight import predictor_choice
-
+    (evalsuite.engine.modes.predictor_choice), each name a predictor; the value stays the text."""
     try:
         choice = predictor_choice(text)
     except ValueError as exc:

@@ -10,11 +10,10 @@ import evalsuite
 from evalsuite.cli import build_parser
 from evalsuite.engine.eviction import POLICIES
 from evalsuite.engine.metrics import ranked_recall, token_recall
-from evalsuite.engine.modes import MODES, Mode
+from evalsuite.engine.modes import MODES, Mode, predictor_choice
 from evalsuite.engine.options import check_options
 from evalsuite.engine.prediction import PREDICTORS
 from evalsuite.engine.trace import LayerRouting, RoutingTrace
-from evalsuite.lm.preflight import predictor_choice
 from evalsuite.perf.simulate import SIMULATED_MODES, Costs, simulate
 from evalsuite.predict.calibrate import calibrate, recall
 

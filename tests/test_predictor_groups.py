@@ -9,7 +9,8 @@ import pytest
 
 from evalsuite.cli import build_parser
 from evalsuite.lm.plan import plan_passes
-from evalsuite.lm.preflight import check_predictor, predictor_choice, requested_runs
+from evalsuite.engine.modes import predictor_choice
+from evalsuite.lm.preflight import check_predictor, requested_runs
 
 GRID = ["resident", "on-demand", "router-preserving", "speculative"]
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -247,14 +247,18 @@ class EngineRecord:
 
 
 def recall_summary(per_layer_samples: dict[int, list[float]]) -> dict:
-    """Recall per target layer (mean over samples) and the mean over layers."""
-    per_layer = {layer: sum(v) / len(v) for layer, v in sorted(per_layer_samples.items()) if v}
+    """Recall per target layer (mean over samples) and the mean over layers. A NaN is a sample that had no
+    prediction at that layer (a row that left its batch before one was made): it is left out."""
+    known = {layer: [x for x in v if x == x] for layer, v in sorted(per_layer_samples.items())}
+    per_layer = {layer: sum(v) / len(v) for layer, v in known.items() if v}
     return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None, "layers": per_layer,
             "samples": max((len(v) for v in per_layer_samples.values()), default=0)}
 
 
 def row_recall(per_layer: dict[int, float]) -> dict:
-    """One sample's recall at each target layer and the mean over its layers."""
+    """One sample's recall at each target layer and the mean over its layers (a NaN layer, where the sample had
+    no prediction, left out)."""
+    per_layer = {layer: value for layer, value in per_layer.items() if value == value}
     return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None,
             "layers": dict(sorted(per_layer.items()))}
 

@@ -50,3 +50,34 @@ def default_predictor(mode: str, predictor: str | None = None) -> str | None:
     """The predictor `mode` runs: the one given where the mode predicts, else the mode's own (none for a
     mode that does not predict)."""
     return (predictor or MODES[mode].predictor) if MODES[mode].predicts else None
+
+
+def predictor_choice(predictor) -> dict[str | None, list[str]]:
+    """--predictor, as groups separated by ';': a group 'NAME,NAME' is for every predicting mode a group does
+    not name, a group 'MODE=NAME,NAME' for that mode alone. 'gate,quasi,adapter;speculative=gate' ->
+    {None: ['gate', 'quasi', 'adapter'], 'speculative': ['gate']}; a list of names -> {None: names};
+    none given -> {}. Refuses, in one line, a group that names nothing, an unknown mode, a mode named twice
+    and two groups for every mode."""
+    if predictor is None:
+        return {}
+    if not isinstance(predictor, str):
+        names = [str(name).strip() for name in predictor if str(name).strip()]
+        return {None: names} if names else {}
+    choice: dict[str | None, list[str]] = {}
+    for group in (g.strip() for g in predictor.split(";")):
+        if not group:
+            continue
+        mode, _, listed = group.rpartition("=")
+        mode = mode.strip() or None
+        names = [name.strip() for name in listed.split(",") if name.strip()]
+        if not names:
+            raise ValueError(f"--predictor {predictor!r}: {group!r} names no predictor; give e.g. "
+                             "'gate,quasi' or 'gate,quasi;speculative=gate'")
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"--predictor {predictor!r}: {mode!r} is no mode; a group 'MODE=NAMES' names one of "
+                             f"{', '.join(MODES)}")
+        if mode in choice:
+            which = f"mode {mode}" if mode else "every mode"
+            raise ValueError(f"--predictor {predictor!r}: two groups for {which}; give each mode one group")
+        choice[mode] = names
+    return choice

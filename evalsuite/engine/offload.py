@@ -338,6 +338,20 @@ class Engine(ExpertFetching):
                                  self.layout.dtype, "meta", *self._cache_options)
         self.cache.slots = slots
 
+    def keep_rows(self, rows: list[int]) -> None:
+        """Between two decode steps of the running request, its batch keeps only `rows` (positions in the batch,
+        ascending): rows whose generation has ended leave it, so later steps compute only the others. Only an
+        engine that moves no experts (resident, or `keep_experts`) and records no trace: a cache, a link and a
+        trace time and count per step, batch and all."""
+        if self.cache is not None or self.tracer is not None:
+            raise ValueError("keep_rows: only an engine that keeps every expert and records no trace lets rows "
+                             "leave a batch")
+        index = torch.tensor(rows, dtype=torch.long)
+        if self.driver is not None:
+            self.driver.keep_rows(index)
+        if self.shadows is not None:
+            self.shadows.keep_rows(index)
+
     def take_record(self) -> EngineRecord:
         """What was measured since the last take or reset; starts a fresh record."""
         if self.driver is not None:

@@ -134,7 +134,8 @@ class PredictionDriver:
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
         self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
-        self.current: dict = {}  # layer -> [(prediction, native ids)] per decode step of the running request
+        self.current: dict = {}  # layer -> [(prediction, native ids, rows)] per decode step of the running request
+        self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
         self.put_off = 0  # predictions left for after their request (Later)
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
@@ -180,7 +181,7 @@ class PredictionDriver:
         replaced = None
         # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
         if predicted is not None and forward.decoding:
-            self.current.setdefault(layer, []).append((predicted, ids))
+            self.current.setdefault(layer, []).append((predicted, ids, self.rows))
         if predicted is not None and forward.kinds is not None:
             for k in self.recall_ks:
                 forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
@@ -253,6 +254,16 @@ class PredictionDriver:
             else:
                 self.scheduler.schedule(target, candidates, self.horizon if target > 0 else 1)
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Between decode steps, the batch keeps only its rows `index` (positions in it): the predictions
+        carried to the next step follow them, and recall stays with the request's own rows."""
+        if any(isinstance(p, Later) for p in self.pending.values()) or self.deferred is not None:
+            raise RuntimeError("keep_rows: a prediction put off or a prefetch not yet sent spans the step")
+        self.pending = {target: (scores[index.to(scores.device)], ranked(scores[index.to(scores.device)],
+                                                                           self.engine.budget))
+                        for target, (scores, _) in self.pending.items()}
+        self.rows = index if self.rows is None else self.rows[index]
+
     def forget(self) -> None:
         """Drop what prediction carried over (pending predictions, a deferred prefetch, the scheduler's
         layer timing), as a fresh engine would start; the scheduler's per-rank precision is kept."""
@@ -269,24 +280,44 @@ class PredictionDriver:
         for k in self.recall_ks:
             recall.setdefault(k, {})
         for layer, steps in self.current.items():
-            made = []  # (scores, native ids) of the steps with a prediction
-            for predicted, native in steps:
+            made = []  # (scores, native ids, rows) of the steps with a prediction
+            for predicted, native, rows in steps:
                 scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
                 if scores is None:
                     continue  # the predictor had nothing for this step
                 if isinstance(predicted, Later) and self.scheduler is not None:
                     self.scheduler.observe(layer, ranked(scores, self.engine.budget), set(native.reshape(-1).tolist()))
-                made.append((scores, native))
+                made.append((scores, native, rows))
             if not made:
                 continue
-            predicted = torch.stack([p for p, _ in made])  # [steps, rows, experts]
-            native = torch.stack([n.to(predicted.device) for _, n in made])  # [steps, rows, top-k]
+            if any(rows is not None for _, _, rows in made):  # rows left the batch (keep_rows)
+                total = self.engine.record.requests[-1].rows
+                for k in self.recall_ks:
+                    self.engine.record.add_recall(k, layer, recall_per_row(made, k, total))
+                continue
+            predicted = torch.stack([p for p, _, _ in made])  # [steps, rows, experts]
+            native = torch.stack([n.to(predicted.device) for _, n, _ in made])  # [steps, rows, top-k]
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
                 self.engine.record.add_recall(k, layer, per_row.tolist())
-        self.current = {}
+        self.current, self.rows = {}, None
 
     def close(self) -> None:
         for hook in self.hooks:
             hook.remove()
+
+
+def recall_per_row(made: list, k: int, total: int, counted=None) -> list[float]:
+    """Recall@k per row of a request of `total` rows that left the batch one by one (keep_rows), each averaged
+    over its own steps: `made` holds per step (scores [rows then, E], native ids [rows then, K], the request's
+    rows then, None: all); `counted(step, rows)`: which of those rows the step counts for (default: all). A row
+    no step counts for has no recall (NaN, which the summaries leave out)."""
+    sums, counts = torch.zeros(total, dtype=torch.float64), torch.zeros(total, dtype=torch.float64)
+    for step, (scores, native, rows) in enumerate(made):
+        rows = torch.arange(scores.shape[0]) if rows is None else rows
+        recall = token_recall(scores, native.to(scores.device), k).double().cpu()
+        keep = torch.ones(len(rows), dtype=torch.bool) if counted is None else counted(step, rows)
+        sums.index_add_(0, rows[keep], recall[keep])
+        counts.index_add_(0, rows[keep], torch.ones(int(keep.sum()), dtype=torch.float64))
+    return (sums / counts).tolist()  # 0 / 0: NaN

@@ -26,7 +26,7 @@ import torch
 
 from .forward import Forward
 from .metrics import token_recall
-from .prediction import LayerState
+from .prediction import LayerState, recall_per_row
 from .trace import LayerRouting, RoutingTrace
 
 
@@ -90,7 +90,7 @@ class ShadowPredictions:
             self._request = _Request(forward.rows, forward.attention_mask, len(self.engine.layers),
                                      list(self.predictors))
         elif self._request is not None:
-            self._request.steps.append(_Step(len(self.engine.layers), list(self.predictors)))
+            self._request.steps.append(_Step(len(self.engine.layers), list(self.predictors), self._request.alive))
         for predictor in self.predictors.values():
             predictor.on_token(forward.decoding)
 
@@ -128,6 +128,17 @@ class ShadowPredictions:
                 else:
                     request.prefill_ranked[name][pos + 1] = request.ranked_per_row(scores, self.budget)
 
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Between decode steps, the running request's batch keeps only its rows `index` (positions in it): the
+        predictions carried to the next step follow them; each sequence keeps its own steps."""
+        request = self._request
+        if request is None:
+            return
+        for pending in request.pending.values():
+            for pos, scores in pending.items():
+                pending[pos] = scores[index.to(scores.device)]
+        request.alive = index if request.alive is None else request.alive[index]
+
     # ---- a request's end ------------------------------------------------------------------------
     def end_request(self, steps: list[int] | None = None) -> None:
         """Close the running request; `steps[r]`: decode steps row r's batch-1 generation made (default: all)."""
@@ -140,11 +151,22 @@ class ShadowPredictions:
         self._keep_routing(request, kept, steps)
 
     def _score_recall(self, request, kept, steps) -> None:
+        dropped = any(s.rows is not None for s in kept)  # rows left the batch as they ended (keep_rows)
         for name in self.predictors:
             for pos, layer in enumerate(self.engine.layers):
                 made = [(i, s.scores[name][pos], s.native[pos]) for i, s in enumerate(kept)
                         if s.scores[name][pos] is not None]
                 if not made:
+                    continue
+                if dropped:
+                    index, ends = [i for i, _, _ in made], torch.tensor(steps)
+                    rows = [kept[i].rows for i in index]
+                    for k in self.recall_ks:
+                        per_row = recall_per_row([(p, n, r) for (_, p, n), r in zip(made, rows)], k, request.rows,
+                                                 counted=lambda j, alive: index[j] < ends[alive])
+                        self.recall[name].setdefault(k, {}).setdefault(layer.index, []).extend(
+                            value for r, value in enumerate(per_row)
+                            if value == value and self._group(r, request.rows) in (None, name))
                     continue
                 index = torch.tensor([i for i, _, _ in made])
                 counted = index[:, None] < torch.tensor(steps)[None, :]  # [steps, rows]: within the row's run
@@ -167,15 +189,18 @@ class ShadowPredictions:
         executed = [[e.tolist() if e is not None else None for e in s.executed] for s in kept]
         depth = {name: [[None if sc is None else sc.topk(min(self.depth, sc.shape[1]), dim=-1).indices.tolist()
                          for sc in s.scores[name]] for s in kept] for name in self.predictors}
+        where = [None if s.rows is None else {int(r): j for j, r in enumerate(s.rows)} for s in kept]
         for row in range(request.rows):
             n = min(steps[row], len(kept))
+            n = next((i for i in range(n) if where[i] is not None and row not in where[i]), n)
+            at = [row if w is None else w[row] for w in where[:n]]  # its position in each step's batch
             sequence = SequenceRouting(
                 [[e for e, used in enumerate(layer[row]) if used] for layer in prefill],
                 {name: [None if layer is None else layer[row] for layer in per_layer] for name, per_layer in ranked.items()})
-            sequence.native = [[layer[row] for layer in step] for step in native[:n]]
-            sequence.executed = [[None if layer is None else layer[row] for layer in step] for step in executed[:n]]
-            sequence.predicted = {name: [[None if layer is None else layer[row] for layer in step] for step in d[:n]]
-                                  for name, d in depth.items()}
+            sequence.native = [[layer[j] for layer in step] for j, step in zip(at, native)]
+            sequence.executed = [[None if layer is None else layer[j] for layer in step] for j, step in zip(at, executed)]
+            sequence.predicted = {name: [[None if layer is None else layer[j] for layer in step]
+                                         for j, step in zip(at, d)] for name, d in depth.items()}
             sequence.executed_by = self._group(row, request.rows)
             self.sequences.append(sequence)
 
@@ -196,7 +221,8 @@ class ShadowPredictions:
 
 
 class _Step:
-    def __init__(self, layers: int, names):
+    def __init__(self, layers: int, names, rows: torch.Tensor | None = None):
+        self.rows = rows  # the request's rows in this step's batch (None: all of them)
         self.native: list = [None] * layers
         self.executed: list = [None] * layers
         self.scores = {name: [None] * layers for name in names}
@@ -209,6 +235,7 @@ class _Request:
         self.prefill_ranked = {name: [None] * layers for name in names}
         self.pending = {name: {} for name in names}  # predictor -> target position -> scores
         self.steps: list[_Step] = []
+        self.alive: torch.Tensor | None = None  # its rows still in the batch (keep_rows), None: all
 
     def _tokens(self, t: torch.Tensor) -> torch.Tensor:
         """[rows * T, ...] -> [rows, T, ...]"""

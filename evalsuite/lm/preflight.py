@@ -12,7 +12,7 @@ import json
 import os
 
 from ..engine import arch
-from ..engine.modes import MODES, names_where
+from ..engine.modes import MODES, names_where, predictor_choice
 from ..engine.options import check_options
 from ..hub import local_model
 
@@ -27,37 +27,6 @@ def split_names(text: str, flag: str) -> list[str]:
         raise ValueError(f"{flag} {text!r} names nothing: give a comma-separated list, or leave {flag} out "
                          "for the defaults")
     return names
-
-
-def predictor_choice(predictor) -> dict[str | None, list[str]]:
-    """--predictor, as groups separated by ';': a group 'NAME,NAME' is for every predicting mode a group does
-    not name, a group 'MODE=NAME,NAME' for that mode alone. 'gate,quasi,adapter;speculative=gate' ->
-    {None: ['gate', 'quasi', 'adapter'], 'speculative': ['gate']}; a list of names -> {None: names};
-    none given -> {}. Refuses, in one line, a group that names nothing, an unknown mode, a mode named twice
-    and two groups for every mode."""
-    if predictor is None:
-        return {}
-    if not isinstance(predictor, str):
-        names = [str(name).strip() for name in predictor if str(name).strip()]
-        return {None: names} if names else {}
-    choice: dict[str | None, list[str]] = {}
-    for group in (g.strip() for g in predictor.split(";")):
-        if not group:
-            continue
-        mode, _, listed = group.rpartition("=")
-        mode = mode.strip() or None
-        names = [name.strip() for name in listed.split(",") if name.strip()]
-        if not names:
-            raise ValueError(f"--predictor {predictor!r}: {group!r} names no predictor; give e.g. "
-                             "'gate,quasi' or 'gate,quasi;speculative=gate'")
-        if mode is not None and mode not in MODES:
-            raise ValueError(f"--predictor {predictor!r}: {mode!r} is no mode; a group 'MODE=NAMES' names one of "
-                             f"{', '.join(MODES)}")
-        if mode in choice:
-            which = f"mode {mode}" if mode else "every mode"
-            raise ValueError(f"--predictor {predictor!r}: two groups for {which}; give each mode one group")
-        choice[mode] = names
-    return choice
 
 
 def predictor_names(predictor) -> list[str]:

@@ -28,6 +28,7 @@ from ..engine.metrics import EngineRecord
 from ..engine.modes import MODES
 from ..hub import local_model
 from ..predict import fingerprint
+from .dropping import generate_dropping_ended, plain_cache
 from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
@@ -124,6 +125,7 @@ class EngineAdapter:
         self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
         self.answering: int | None = None  # row_predictors: the group whose stored generations lm-eval gets
         self.answers: dict[int, list] = defaultdict(list)  # group -> [(context, generated)], batch by batch
+        self._plain_cache: bool | None = None  # whether ended rows can leave a batch (evalsuite.lm.dropping)
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """lm-eval's generation; with shadow predictors, each row's steps are cut where its batch-1
@@ -134,13 +136,33 @@ class EngineAdapter:
         groups = len(self.engine_args.get("row_predictors") or ()) or 1
         if groups > 1:
             generation_kwargs["attention_mask"] = generation_kwargs["attention_mask"].repeat(groups, 1)
-        out = super()._model_generate(context.repeat(groups, 1), max_length, stop, **generation_kwargs)
-        self._name_batch_rows()
-        self._cut_rows(out[:, context.shape[1]:], stop)
+        if self._drops_ended_rows(context.shape[0] * groups, generation_kwargs):
+            generation_kwargs.pop("do_sample", None), generation_kwargs.pop("temperature", None)
+            out, lengths = generate_dropping_ended(self.model, self.engine, self.tokenizer, context.repeat(groups, 1),
+                                                   max_length=max_length, stop=stop, groups=groups,
+                                                   pad=self.tokenizer.pad_token_id, do_sample=False, **generation_kwargs)
+            self._name_batch_rows()
+            if self.engine.shadows is not None:
+                self.engine.shadows.end_request([n - 1 for n in lengths])
+        else:
+            out = super()._model_generate(context.repeat(groups, 1), max_length, stop, **generation_kwargs)
+            self._name_batch_rows()
+            self._cut_rows(out[:, context.shape[1]:], stop)
         rows = context.shape[0]
         for group in range(1, groups):
             self.answers[group].append((context, out[group * rows:(group + 1) * rows]))
         return out[:rows]
+
+    def _drops_ended_rows(self, rows: int, generation_kwargs: dict) -> bool:
+        """Whether this batch is generated with its ended rows leaving it (evalsuite.lm.dropping): greedy, several
+        rows, a plain key/value cache, and an engine that neither moves experts nor traces (whose measurements are
+        per step of the whole batch)."""
+        greedy = not generation_kwargs.get("do_sample") and not generation_kwargs.get("temperature")
+        if not (greedy and rows > 1 and self.engine.cache is None and self.engine.tracer is None):
+            return False
+        if self._plain_cache is None:
+            self._plain_cache = plain_cache(self.model)
+        return self._plain_cache
 
     def answer_as(self, group: int | None) -> None:
         """With `row_predictors` (speculative, every expert kept): each batch is generated once for every
