@@ -322,10 +322,13 @@ def with_engine_summary(results: dict, task: str, summary: dict) -> dict:
 
 
 def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
-    """An upper bound of the plan's generation time: one timed batched step, times the steps every pass
-    could take (each batch generating its task's max_gen_toks)."""
+    """An upper bound of the plan's generation time: one batched step timed on the first pass's engine with as
+    many rows as the widest pass generates at once (a pass with row groups repeats each batch once per group),
+    times the steps every pass could take (each batch generating its task's max_gen_toks)."""
     rows = request.batch_size
-    groups = len(passes[0].row_predictors) or 1  # the first pass's engine: its rows as it will generate them
+    groups = max(len(p.row_predictors) or 1 for p in passes)
+    if passes[0].row_predictors and groups % len(passes[0].row_predictors):
+        groups = len(passes[0].row_predictors)  # (its engine splits its rows into its own groups)
     ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows * groups, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         started = time.perf_counter()
@@ -337,5 +340,6 @@ def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
     lengths = generation_lengths(request.manager, tasks, lm.max_gen_toks)
     steps = sum(math.ceil(request.limit / rows) * tokens for tokens in lengths.values())
     return (f"[evalsuite] estimate: at most ~{steps * step_s * len(passes):.0f} s of generation "
-            f"({len(passes)} pass(es) x {steps} batched steps x {step_s * 1e3:.1f} ms per step measured now; "
+            f"({len(passes)} pass(es) x {steps} batched steps x {step_s * 1e3:.1f} ms per step of {rows * groups} "
+            "rows measured now; "
             "most stop well before max_gen_toks)")
