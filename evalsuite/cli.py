@@ -313,8 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(e)
     e.add_argument("--plan", default="measure", choices=("measure", "replay"),
                    help="measure: every configuration generates through the engine; replay: one batched resident "
-                        "pass (every router-preserving predictor as a shadow) and one per speculative predictor, "
-                        "the engine metrics of each configuration replayed (docs/whole-benchmarks.md)")
+                        "pass (every router-preserving predictor as a shadow) and one speculative pass (a text "
+                        "model's speculative predictors share it, a row group each), the engine metrics of each "
+                        "configuration replayed (docs/whole-benchmarks.md)")
     e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
