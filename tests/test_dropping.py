@@ -96,3 +96,20 @@ def test_a_row_with_no_prediction_has_no_recall():
     assert math.isnan(got[0]) and got[1] == 0.0
     assert recall_summary({3: got})["layers"] == {3: 0.0}  # the row without a prediction is left out
     assert row_recall({3: got[0], 5: 1.0})["mean"] == 1.0
+
+
+def test_only_the_plans_greedy_batched_passes_let_rows_leave():
+    """A measured run keeps lm-eval's generation, resident included: its TPOT is per step of the whole batch,
+    as every other measured mode's is."""
+    from types import SimpleNamespace
+
+    from evalsuite.lm.specmoe import EngineAdapter
+
+    def drops(rows=4, shadows=object(), cache=None, **kwargs):
+        adapter = SimpleNamespace(engine=SimpleNamespace(shadows=shadows, cache=cache, tracer=None), _plain_cache=True)
+        return EngineAdapter._drops_ended_rows(adapter, rows, kwargs)
+
+    assert drops()
+    assert not drops(shadows=None)  # a measured run
+    assert not drops(cache=object())  # an engine that moves experts
+    assert not drops(rows=1) and not drops(do_sample=True) and not drops(temperature=0.7)

@@ -154,11 +154,13 @@ class EngineAdapter:
         return out[:rows]
 
     def _drops_ended_rows(self, rows: int, generation_kwargs: dict) -> bool:
-        """Whether this batch is generated with its ended rows leaving it (evalsuite.lm.dropping): greedy, several
-        rows, a plain key/value cache, and an engine that neither moves experts nor traces (whose measurements are
-        per step of the whole batch)."""
+        """Whether this batch is generated with its ended rows leaving it (evalsuite.lm.dropping): a pass of the
+        plan (its shadows record every sequence; a measured run keeps lm-eval's generation, so that its TPOT is
+        per step of the whole batch like every other measured mode's), greedy, several rows, a plain key/value
+        cache, and an engine that neither moves experts nor traces."""
         greedy = not generation_kwargs.get("do_sample") and not generation_kwargs.get("temperature")
-        if not (greedy and rows > 1 and self.engine.cache is None and self.engine.tracer is None):
+        engine = self.engine
+        if not (greedy and rows > 1 and engine.shadows is not None and engine.cache is None and engine.tracer is None):
             return False
         if self._plain_cache is None:
             self._plain_cache = plain_cache(self.model)
