@@ -1,4 +1,5 @@
-"""batch_one_length: where a batched row's batch-1 generation would have stopped, as lm-eval's criterion decides."""
+"""batch_one_length and RowEnds: where a batched row's batch-1 generation would have stopped, as lm-eval's
+criterion decides."""
 import random
 
 import pytest
@@ -7,7 +8,7 @@ from lm_eval.models.utils_hf import stop_sequences_criteria
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from evalsuite.lm.specmoe import batch_one_length
+from evalsuite.lm.dropping import RowEnds, batch_one_length
 
 PIECES = ["12", " + ", "7", " = ", "19", "\n", "\n\n", "Question:", " The answer is", ".", " ok"]
 
@@ -46,5 +47,9 @@ def test_rows_stop_where_the_step_by_step_criterion_stops(tokenizer):
             generated.insert(rng.randrange(len(generated) + 1), tokenizer.eos_token_id)
         expected = step_by_step(tokenizer, generated, stop, eos)
         assert batch_one_length(tokenizer, generated, stop, eos) == expected, text
+        ends = RowEnds(tokenizer, stop, eos, 1)  # the same rule, as the tokens come
+        for n in range(1, len(generated) + 1):
+            ends.update([0], torch.tensor([generated[:n]]))
+        assert (ends.length[0] or len(generated)) == expected, text
         lengths.add(expected == len(generated))
     assert lengths == {True, False}  # rows that stop early and rows that run to their end were both checked

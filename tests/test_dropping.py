@@ -9,7 +9,7 @@ import torch
 import evalsuite
 from evalsuite.engine.metrics import recall_summary, row_recall
 from evalsuite.engine.prediction import recall_per_row
-from evalsuite.lm.dropping import RowEnds, generate_dropping_ended
+from evalsuite.lm.dropping import batch_one_length, generate_dropping_ended
 
 from .helpers import batch, reference_model
 from .test_modes import artifact_for
@@ -48,10 +48,7 @@ def test_rows_that_end_leave_the_batch_and_keep_their_own_tokens_and_record(mode
     full = _full(model, ids, mask, tokens)
     # a stop that row 0 meets at its third token: its slot ends early (row 3 too, or at the latest step)
     stop = [f"t{int(full[0, start + 2])}"]
-    ends = RowEnds(Words(), stop, set(), ids.shape[0])
-    for n in range(1, tokens + 1):  # step by step, as the generation meets them
-        ends.update(list(range(ids.shape[0])), full[:, start:start + n])
-    lengths = [n or tokens for n in ends.length]
+    lengths = [batch_one_length(Words(), row, stop, set()) for row in full[:, start:].tolist()]
     full_engine.shadows.end_request([n - 1 for n in lengths])
     full_recall, full_sequences = full_engine.take_shadows()
     full_engine.close()

@@ -19,13 +19,37 @@ from lm_eval.models.utils_hf import stop_sequences_criteria
 from transformers import DynamicCache, StoppingCriteria
 
 
+def eos_ids(model) -> set[int]:
+    """The token ids that end a generation of `model` (its generation config's)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+
+
+def stop_windows(tokenizer, stop: list[str]) -> list[tuple[str, int]]:
+    """(stop sequence, tokens its lm-eval criterion decodes after each token: `sequence_id_len`) per stop."""
+    return [(c.sequence, c.sequence_id_len) for c in stop_sequences_criteria(tokenizer, stop, 0, 1)]
+
+
+def batch_one_length(tokenizer, generated: list[int], stop: list[str], eos: set[int]) -> int:
+    """How many of a generated row's tokens its batch-1 generation makes: up to the first end-of-sequence token
+    or stop sequence. lm-eval's criterion decodes, after each token, the last `sequence_id_len` generated tokens
+    and stops once the stop sequence is in them; the same windows are decoded here, every step's in one
+    batch_decode call (RowEnds finds the same ends as the tokens come)."""
+    length = next((n for n, token in enumerate(generated, 1) if token in eos), len(generated))
+    for sequence, window in stop_windows(tokenizer, stop):
+        texts = tokenizer.batch_decode([generated[max(0, n - window):n] for n in range(1, length)])
+        length = next((n for n, text in enumerate(texts, 1) if sequence in text), length)
+    return length
+
+
 class RowEnds:
-    """Where each row's batch-1 generation ends: the first end-of-sequence token, or the first step at which
-    a stop sequence is in the decoded window lm-eval's criterion reads (its last `sequence_id_len` tokens)."""
+    """Where each row's batch-1 generation ends, found as its tokens come (batch_one_length's rule): the first
+    end-of-sequence token, or the first step at which a stop sequence is in the decoded window lm-eval's
+    criterion reads (its last `sequence_id_len` tokens)."""
 
     def __init__(self, tokenizer, stop: list[str], eos: set[int], rows: int):
         self.tokenizer, self.eos = tokenizer, eos
-        self.stops = [(c.sequence, c.sequence_id_len) for c in stop_sequences_criteria(tokenizer, stop, 0, 1)]
+        self.stops = stop_windows(tokenizer, stop)
         self.length: list[int | None] = [None] * rows  # generated tokens up to and with the end (None: going on)
 
     def update(self, rows: list[int], generated: torch.Tensor) -> None:
@@ -76,8 +100,7 @@ def generate_dropping_ended(model, engine, tokenizer, context: torch.Tensor, att
     (the tokens, each row's generated length up to and with its end)."""
     rows, start = context.shape
     slots = rows // groups
-    eos = model.generation_config.eos_token_id
-    ends = RowEnds(tokenizer, stop, set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]), rows)
+    ends = RowEnds(tokenizer, stop, eos_ids(model), rows)
     out = torch.full((rows, max_length), pad, dtype=context.dtype, device=context.device)
     out[:, :start] = context
     alive, ids, mask, cache = list(range(rows)), context, attention_mask, None

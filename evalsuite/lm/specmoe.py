@@ -19,7 +19,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils_hf import get_dtype, stop_sequences_criteria
+from lm_eval.models.utils_hf import get_dtype
 
 from ..engine import offload
 from ..engine.loading import load_skeleton
@@ -28,7 +28,7 @@ from ..engine.metrics import EngineRecord
 from ..engine.modes import MODES
 from ..hub import local_model
 from ..predict import fingerprint
-from .dropping import generate_dropping_ended, plain_cache
+from .dropping import batch_one_length, eos_ids, generate_dropping_ended, plain_cache
 from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
 ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
@@ -188,8 +188,7 @@ class EngineAdapter:
     def _cut_rows(self, generated: torch.Tensor, stop: list[str]) -> None:
         if self.engine.shadows is None:
             return
-        eos = self.model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        eos = eos_ids(self.model)
         tokenizer = getattr(self, "tokenizer", None) or self.processor.tokenizer
         self.engine.shadows.end_request([batch_one_length(tokenizer, row, stop, eos) - 1 for row in generated.tolist()])
 
@@ -262,19 +261,6 @@ class EngineAdapter:
                                     **engine_config(self.engine), "model_fingerprint": self.fingerprint()}
         info[TASK_SUMMARIES] = self.engine_summaries()
         return info
-
-
-def batch_one_length(tokenizer, generated: list[int], stop: list[str], eos: set[int]) -> int:
-    """How many of a batched row's generated tokens its batch-1 generation makes: up to the first
-    end-of-sequence token or stop sequence. lm-eval's criterion decodes, after each token, the last
-    `sequence_id_len` generated tokens and stops once the stop sequence is in them; the same windows are
-    decoded here, every step's in one batch_decode call."""
-    length = next((n for n, token in enumerate(generated, 1) if token in eos), len(generated))
-    for criterion in stop_sequences_criteria(tokenizer, stop, 0, 1):
-        window = criterion.sequence_id_len
-        texts = tokenizer.batch_decode([generated[max(0, n - window):n] for n in range(1, length)])
-        length = next((n for n, text in enumerate(texts, 1) if criterion.sequence in text), length)
-    return length
 
 
 class ShadowRecord:
