@@ -37,6 +37,9 @@ def _one_of(choices, optional: bool = False):
     return (lambda v: (optional and v is None) or v in choices), f"is not one of: {', '.join(choices)}"
 
 
+# a list of predictors that score a token from the model's own pass (not the oracles' look-ahead)
+PREDICTOR_LIST = (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS for n in v),
+                  lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS if n not in NOT_SHADOWS))
 # option -> (test, what a value failing the test must be instead)
 RULES = {
     "mode": _one_of(MODES),
@@ -45,12 +48,8 @@ RULES = {
     "cache_policy": _one_of(POLICIES),
     "predictor": (lambda v: v is None or v in PREDICTORS,  # the registry is filled when evalsuite.predict loads
                   lambda: f"is not one of: {', '.join(PREDICTORS)}"),
-    "shadows": (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS for n in v),
-                lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS if n not in NOT_SHADOWS)),
-    "row_predictors": (lambda v: isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS
-                                                                      for n in v),
-                       lambda: "must be a list of predictors among: " + ", ".join(n for n in PREDICTORS
-                                                                                   if n not in NOT_SHADOWS)),
+    "shadows": PREDICTOR_LIST,
+    "row_predictors": PREDICTOR_LIST,
     "transfer_timeout_s": (lambda v: _is_number(v) and v > 0,
                            "must be a number of seconds above 0, e.g. transfer_timeout_s=60"),
     "horizon": (lambda v: _is_whole(v, 1), "must be a whole number of at least 1 (sparse layers ahead)"),

@@ -259,9 +259,8 @@ class PredictionDriver:
         carried to the next step follow them, and recall stays with the request's own rows."""
         if any(isinstance(p, Later) for p in self.pending.values()) or self.deferred is not None:
             raise RuntimeError("keep_rows: a prediction put off or a prefetch not yet sent spans the step")
-        self.pending = {target: (scores[index.to(scores.device)], ranked(scores[index.to(scores.device)],
-                                                                           self.engine.budget))
-                        for target, (scores, _) in self.pending.items()}
+        kept = {target: scores[index.to(scores.device)] for target, (scores, _) in self.pending.items()}
+        self.pending = {target: (scores, ranked(scores, self.engine.budget)) for target, scores in kept.items()}
         self.rows = index if self.rows is None else self.rows[index]
 
     def forget(self) -> None:

@@ -326,9 +326,7 @@ def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
     many rows as the widest pass generates at once (a pass with row groups repeats each batch once per group),
     times the steps every pass could take (each batch generating its task's max_gen_toks)."""
     rows = request.batch_size
-    groups = max(len(p.row_predictors) or 1 for p in passes)
-    if passes[0].row_predictors and groups % len(passes[0].row_predictors):
-        groups = len(passes[0].row_predictors)  # (its engine splits its rows into its own groups)
+    groups = max(len(p.row_predictors) or 1 for p in passes)  # (one pass at most has row groups)
     ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows * groups, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         started = time.perf_counter()
