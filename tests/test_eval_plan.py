@@ -7,6 +7,7 @@ import pytest
 
 from evalsuite.lm import plan
 from evalsuite.lm.plan import plan_passes
+from evalsuite.lm.runs import one_task
 from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
 from evalsuite.results.database import stored_config
@@ -78,6 +79,41 @@ def test_on_demand_hit_rate_replayed_equals_the_measured_run(tmp_path):
     uses = {configs[run]["engine_metrics"]: engine[(engine.run_id == run) & engine.layer.isna()]["tokens"].iloc[0]
             for run in configs}
     assert uses["replayed"] == uses["measured"]  # the same tokens: every prefill and decode step replayed
+
+
+def test_tasks_of_one_call_are_stored_as_if_each_ran_alone(tmp_path):
+    # a pass evaluates every missing task in one lm-eval call; each run's stored tasks are its own
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    tasks = [TASK, "evalsuite_yesno"]
+
+    def plan_(db_, tasks_):
+        return run_suite([shipped_model()], ["resident", "speculative"], tasks_, 4, db_url=f"sqlite:///{db_}",
+                         out_dir=str(out), link="ufs4", batch_size=4, plan="replay", progress=lambda *_: None,
+                         predictor="gate")
+
+    together = plan_(db, tasks)
+    alone = {task: plan_(tmp_path / f"{task}.db", [task]) for task in tasks}
+    configs, samples, engine = _runs(db)
+    for task in tasks:
+        for mode in ("resident", "speculative"):
+            run = next(run for run, c in configs.items() if c["mode"] == mode)
+            got = samples[(samples.run_id == run) & (samples.task == task)].sort_values("doc_id")
+            assert len(got) == 4 and set(samples[samples.run_id == run].task) == set(tasks)
+            one_configs, one_samples, _ = _runs(tmp_path / f"{task}.db")
+            one_run = next(r for r, c in one_configs.items() if c["mode"] == mode)
+            want = one_samples[one_samples.run_id == one_run].sort_values("doc_id")
+            assert got["response"].tolist() == want["response"].tolist()
+            assert engine[(engine.run_id == run) & (engine.task == task)].shape[0] > 0
+    assert sorted((r["mode"], r["task"], r["accuracy"], r["recall"]) for r in together) == \
+        sorted((r["mode"], r["task"], r["accuracy"], r["recall"]) for task in tasks for r in alone[task])
+
+
+def test_one_task_narrows_every_per_task_entry():
+    results = {"results": {"g": {"acc": 1}, "a": {"acc": 0}, "b": {"acc": 1}}, "group_subtasks": {"g": ["a"], "b": []},
+               "samples": {"a": [1], "b": [2]}, "configs": {"a": {}, "b": {}}, "config": {"model": "m"}, "date": 1.0}
+    assert one_task(results, "g") == {"results": {"g": {"acc": 1}, "a": {"acc": 0}}, "group_subtasks": {"g": ["a"]},
+                                      "samples": {"a": [1]}, "configs": {"a": {}}, "config": {"model": "m"}, "date": 1.0}
+    assert one_task(results, "b")["results"] == {"b": {"acc": 1}} and one_task(results, "b")["samples"] == {"b": [2]}
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3-moe", "tiny-glm4-moe"])

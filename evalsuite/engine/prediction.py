@@ -310,13 +310,18 @@ class PredictionDriver:
 def recall_per_row(made: list, k: int, total: int, counted=None) -> list[float]:
     """Recall@k per row of a request of `total` rows that left the batch one by one (keep_rows), each averaged
     over its own steps: `made` holds per step (scores [rows then, E], native ids [rows then, K], the request's
-    rows then, None: all); `counted(step, rows)`: which of those rows the step counts for (default: all). A row
-    no step counts for has no recall (NaN, which the summaries leave out)."""
-    sums, counts = torch.zeros(total, dtype=torch.float64), torch.zeros(total, dtype=torch.float64)
-    for step, (scores, native, rows) in enumerate(made):
-        rows = torch.arange(scores.shape[0]) if rows is None else rows
-        recall = token_recall(scores, native.to(scores.device), k).double().cpu()
-        keep = torch.ones(len(rows), dtype=torch.bool) if counted is None else counted(step, rows)
-        sums.index_add_(0, rows[keep], recall[keep])
-        counts.index_add_(0, rows[keep], torch.ones(int(keep.sum()), dtype=torch.float64))
+    rows then, None: all); `counted(steps, rows)`: which (step, row) pairs count, element by element (default:
+    all). A row no step counts for has no recall (NaN, which the summaries leave out). Every step is scored in
+    one call; each row's sum still adds its steps in order."""
+    rows = [torch.arange(scores.shape[0]) if r is None else r for scores, _, r in made]
+    scores = torch.cat([s for s, _, _ in made])
+    native = torch.cat([n.to(scores.device) for _, n, _ in made])
+    recall = token_recall(scores, native, k).double().cpu()
+    row = torch.cat(rows)
+    if counted is not None:
+        steps = torch.repeat_interleave(torch.arange(len(made)), torch.tensor([len(r) for r in rows]))
+        keep = counted(steps, row)
+        row, recall = row[keep], recall[keep]
+    sums = torch.zeros(total, dtype=torch.float64).index_add_(0, row, recall)
+    counts = torch.zeros(total, dtype=torch.float64).index_add_(0, row, torch.ones_like(recall))
     return (sums / counts).tolist()  # 0 / 0: NaN

@@ -159,8 +159,8 @@ class ShadowPredictions:
                 if not made:
                     continue
                 if dropped:
-                    index, ends = [i for i, _, _ in made], torch.tensor(steps)
-                    rows = [kept[i].rows for i in index]
+                    index, ends = torch.tensor([i for i, _, _ in made]), torch.tensor(steps)
+                    rows = [kept[i].rows for i in index.tolist()]
                     for k in self.recall_ks:
                         per_row = recall_per_row([(p, n, r) for (_, p, n), r in zip(made, rows)], k, request.rows,
                                                  counted=lambda j, alive: index[j] < ends[alive])
@@ -185,10 +185,9 @@ class ShadowPredictions:
         prefill = [p.tolist() for p in request.prefill]  # per layer: rows x experts used (bool)
         ranked = {name: [None if r is None else r.tolist() for r in per_layer]
                   for name, per_layer in request.prefill_ranked.items()}
-        native = [[n.tolist() for n in s.native] for s in kept]
-        executed = [[e.tolist() if e is not None else None for e in s.executed] for s in kept]
-        depth = {name: [[None if sc is None else sc.topk(min(self.depth, sc.shape[1]), dim=-1).indices.tolist()
-                         for sc in s.scores[name]] for s in kept] for name in self.predictors}
+        native = _per_step_lists([s.native for s in kept])
+        executed = _per_step_lists([s.executed for s in kept])
+        depth = {name: _per_step_lists([s.scores[name] for s in kept], top=self.depth) for name in self.predictors}
         where = [None if s.rows is None else {int(r): j for j, r in enumerate(s.rows)} for s in kept]
         for row in range(request.rows):
             n = min(steps[row], len(kept))
@@ -218,6 +217,25 @@ class ShadowPredictions:
     def close(self) -> None:
         for hook in self.native_hooks + self.after_hooks:
             hook.remove()
+
+
+def _per_step_lists(steps: list[list], top: int | None = None) -> list[list]:
+    """Per step and layer, a tensor's rows as lists (None stays None); `top`: the indices of each row's `top`
+    highest scores instead. Each layer's tensors are joined over the steps and converted in one call (a call per
+    step and layer costs more than the work on a request of hundreds of steps)."""
+    out = [[None] * len(layers) for layers in steps]
+    for pos in range(len(steps[0]) if steps else 0):
+        made = [(i, t) for i, layers in enumerate(steps) if (t := layers[pos]) is not None]
+        if not made:
+            continue
+        joined = torch.cat([t for _, t in made])
+        if top is not None:
+            joined = joined.topk(min(top, joined.shape[1]), dim=-1).indices
+        rows, start = joined.tolist(), 0
+        for i, t in made:
+            out[i][pos] = rows[start:start + t.shape[0]]
+            start += t.shape[0]
+    return out
 
 
 class _Step:

@@ -46,7 +46,7 @@ from .engine_metrics import ENGINE_FILTER, add_engine_metrics, engine_entries
 from .reference import find_reference
 from .request import load_adapter, run_config
 from .runs import check_generation_lengths, divergence, evaluate_task, file_hash, finish, generation_lengths, \
-    open_run, save_json, table_rows, writing
+    one_task, open_run, save_json, table_rows, writing
 
 COST_TOKENS, COST_REPEATS = 16, 3  # the cost measurement's generation
 
@@ -144,15 +144,19 @@ def run_plan(db, request, target) -> list[dict]:
                     timing.warm_up(lm.model, target.tokenizer, lm.engine, rows=len(p.row_predictors) or 1)
                     if index == 0:
                         request.progress(estimate(lm, target, request, passes, missing))
+                if not missing:
+                    continue
+                # every missing task in one lm-eval call per row group (lm-eval's fixed cost per call is ~0.5-1 s)
+                request.progress(f"[evalsuite] {target.name} / pass {p.label} / {', '.join(missing)} "
+                                 f"(limit {request.limit})")
+                started = time.time()
+                answers = _evaluate_groups(lm, missing, request, p)
                 for task in missing:
-                    request.progress(f"[evalsuite] {target.name} / pass {p.label} / {task} (limit {request.limit})")
-                    started = time.time()
-                    answers = _evaluate_groups(lm, task, request, p)
                     shadows = lm.shadow_records.pop(task)
                     if p.mode == REFERENCE:
-                        reference[task] = answers[None]
+                        reference[task] = one_task(answers[None], task)
                     queued += [(runs[(mode, chosen)], configs[(mode, chosen)], mode, chosen, task,
-                                answers.get(chosen, answers[None]), started,
+                                one_task(answers.get(chosen, answers[None]), task), started,
                                 replayed_summary(lm.engine, shadows, costs, request, mode, chosen))
                                for (mode, chosen), (_, _, done) in runs.items() if task not in done]
         for (run_id, uid, _), config, mode, chosen, task, results, started, summary in queued:
@@ -171,10 +175,10 @@ def run_plan(db, request, target) -> list[dict]:
     return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
 
 
-def _evaluate_groups(lm, task: str, request, p: Pass) -> dict:
-    """lm-eval's results of the pass on `task`: {None: the generation's}, and with row groups, each group's
+def _evaluate_groups(lm, tasks: list[str], request, p: Pass) -> dict:
+    """lm-eval's results of the pass on `tasks`: {None: the generation's}, and with row groups, each group's
     predictor -> its rows' answers scored (generated with the first group's, see SpecMoELM.answer_as)."""
-    out = {None: add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+    out = {None: add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.options,
                                                   request.confirm_run_unsafe_code))}
     for group, name in enumerate(p.row_predictors):
         if group == 0:
@@ -182,7 +186,7 @@ def _evaluate_groups(lm, task: str, request, p: Pass) -> dict:
             continue
         lm.answer_as(group)
         try:
-            out[name] = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+            out[name] = add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.options,
                                                          request.confirm_run_unsafe_code))
         finally:
             lm.answer_as(None)  # (its shadow record gained nothing: the generation's holds every group)

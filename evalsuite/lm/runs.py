@@ -60,17 +60,34 @@ def divergence(results: dict, reference: dict, tokenizer) -> dict[str, dict]:
     return out
 
 
-def evaluate_task(lm, task: str, limit: int, manager, options: dict, confirm_run_unsafe_code: bool) -> dict:
-    """One task through lm-eval with every sample logged; `options`: num_fewshot, gen_kwargs,
-    apply_chat_template and seed (lm-eval's four seeds)."""
+def evaluate_task(lm, task: str | list[str], limit: int, manager, options: dict, confirm_run_unsafe_code: bool) -> dict:
+    """One task (or several in one lm-eval call, see `one_task`) through lm-eval with every sample logged;
+    `options`: num_fewshot, gen_kwargs, apply_chat_template and seed (lm-eval's four seeds)."""
     import lm_eval
 
     seed = options["seed"]
-    return lm_eval.simple_evaluate(model=lm, tasks=[task], limit=limit, log_samples=True, task_manager=manager,
+    tasks = [task] if isinstance(task, str) else list(task)
+    return lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, log_samples=True, task_manager=manager,
                                    num_fewshot=options["num_fewshot"], gen_kwargs=options["gen_kwargs"],
                                    apply_chat_template=options["apply_chat_template"], random_seed=seed,
                                    numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                                    confirm_run_unsafe_code=confirm_run_unsafe_code)
+
+
+PER_TASK = ("results", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "samples",
+            "task_hashes", "engine")  # the entries of lm-eval's results (and add_engine_metrics') keyed by task
+
+
+def one_task(results: dict, task: str) -> dict:
+    """The results of one lm-eval call over several tasks, as a call over `task` alone would have given them:
+    every per-task entry narrowed to it (a group keeps its subtasks); the rest (config, dates) shared."""
+    names, todo = set(), [task]
+    while todo:
+        name = todo.pop()
+        names.add(name)
+        todo += [child for child in results.get("group_subtasks", {}).get(name, []) if child not in names]
+    return {key: {name: v for name, v in value.items() if name in names}
+            if key in PER_TASK and isinstance(value, dict) else value for key, value in results.items()}
 
 
 def open_run(db, config: dict, fresh: bool, progress, poll_s: float = 1.0) -> tuple[int, str, set[str]]:
