@@ -108,6 +108,35 @@ def test_tasks_of_one_call_are_stored_as_if_each_ran_alone(tmp_path):
         sorted((r["mode"], r["task"], r["accuracy"], r["recall"]) for task in tasks for r in alone[task])
 
 
+def test_speculative_requests_are_batched_by_the_resident_lengths(tmp_path, monkeypatch):
+    from evalsuite.lm.specmoe import SpecMoELM
+
+    batches, lengths, generate = [], {}, SpecMoELM._model_generate
+
+    def spy(self, context, *args, **kwargs):
+        out = generate(self, context, *args, **kwargs)
+        if self.answering is None:
+            batches.append((self.engine.mode, list(self._batch_texts)))
+            if self.engine.mode == "resident":
+                lengths.update(self.generated_lengths)
+        return out
+
+    monkeypatch.setattr(SpecMoELM, "_model_generate", spy)
+    db, out = tmp_path / "r.db", tmp_path / "out"
+    _suite(db, out, ["resident", "speculative"], limit=12, predictor="gate")
+    speculative = [[lengths[text] for text in texts] for mode, texts in batches if mode == "speculative"]
+    assert len(speculative) == 3 and all(len(b) == 4 for b in speculative)
+    assert all(min(a) >= max(b) for a, b in zip(speculative, speculative[1:]))  # longest first, batch by batch
+    resident = [lengths[text] for mode, texts in batches if mode == "resident" for text in texts]
+    assert resident != sum(speculative, [])  # (lm-eval's own order, by context length, is another)
+    _suite(tmp_path / "one.db", out, ["speculative"], batch_size=1, limit=12, predictor="gate")
+    configs, samples, _ = _runs(db)
+    _, one, _ = _runs(tmp_path / "one.db")
+    run = next(run for run, c in configs.items() if c["mode"] == "speculative")
+    assert samples[samples.run_id == run].sort_values("doc_id")["response"].tolist() == \
+        one.sort_values("doc_id")["response"].tolist()
+
+
 def test_one_task_narrows_every_per_task_entry():
     results = {"results": {"g": {"acc": 1}, "a": {"acc": 0}, "b": {"acc": 1}}, "group_subtasks": {"g": ["a"], "b": []},
                "samples": {"a": [1], "b": [2]}, "configs": {"a": {}, "b": {}}, "config": {"model": "m"}, "date": 1.0}

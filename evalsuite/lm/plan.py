@@ -9,7 +9,9 @@ accuracy does not depend on the batch or the cache either. The plan therefore ge
                         (evalsuite.engine.shadows): recall@k per sample and layer, and the routing
   one speculative pass  every expert resident; each batch is generated once per speculative predictor
                         in one call, row group g executing predictor g (`row_predictors`), each
-                        predictor its own rows' shadow; lm-eval then scores every group's answers
+                        predictor its own rows' shadow; lm-eval then scores every group's answers; its
+                        requests are batched longest first by the resident pass's lengths, so that a batch's
+                        rows end at about the same step
   one pass per hybrid predictor (and per predictor that reads more than its own row's states; on a
                         vision-language model, per speculative predictor: image inputs are not repeated)
 
@@ -109,7 +111,7 @@ def run_plan(db, request, target) -> list[dict]:
     in the order the runs were asked for, as `--plan measure` prints them."""
     passes = plan_passes(request.modes, request.predictor, row_groups=target.adapter == "specmoe")
     request.progress(describe(passes, target, request))
-    rows, costs, reference, queued = {}, None, {}, []
+    rows, costs, reference, queued, lengths = {}, None, {}, [], None
     with contextlib.ExitStack() as open_runs:
         for index, p in enumerate(passes):
             speculative = MODES[p.mode].speculates
@@ -122,6 +124,7 @@ def run_plan(db, request, target) -> list[dict]:
             if p.shadows and request.predictor_path and not speculative:
                 extra.append(f"predictor_path={request.predictor_path}")
             lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
+            lm.length_hints = lengths  # the resident pass's lengths batch like rows together (SpecMoELM._in_batches)
             runs, configs = {}, {}
             try:
                 check_generation_lengths(request.manager, target.tasks, lm, target.name)
@@ -151,6 +154,8 @@ def run_plan(db, request, target) -> list[dict]:
                                  f"(limit {request.limit})")
                 started = time.time()
                 answers = _evaluate_groups(lm, missing, request, p)
+                if p.mode == REFERENCE:
+                    lengths = dict(lm.generated_lengths)
                 for task in missing:
                     shadows = lm.shadow_records.pop(task)
                     if p.mode == REFERENCE:

@@ -20,6 +20,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.hf_vlms import HFMultimodalLM
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import get_dtype
+from tqdm import tqdm
 
 from ..engine import offload
 from ..engine.loading import load_skeleton
@@ -123,9 +124,12 @@ class EngineAdapter:
         self.records: dict[str, EngineRecord] = defaultdict(EngineRecord)
         self.shadow_records: dict[str, ShadowRecord] = defaultdict(ShadowRecord)  # with shadows=...
         self._batch_positions: list | None = None  # the requests in the batch being encoded, row by row
+        self._batch_texts: list[str] | None = None  # their contexts
         self.answering: int | None = None  # row_predictors: the group whose stored generations lm-eval gets
         self.answers: dict[int, list] = defaultdict(list)  # group -> [(context, generated)], batch by batch
         self._plain_cache: bool | None = None  # whether ended rows can leave a batch (evalsuite.lm.dropping)
+        self.generated_lengths: dict[str, int] = {}  # context -> tokens its batch-1 generation made (with shadows)
+        self.length_hints: dict[str, int] | None = None  # see `_in_batches`
 
     def _model_generate(self, context, max_length, stop, **generation_kwargs):
         """lm-eval's generation; with shadow predictors, each row's steps are cut where its batch-1
@@ -141,13 +145,14 @@ class EngineAdapter:
             out, lengths = generate_dropping_ended(self.model, self.engine, self.tokenizer, context.repeat(groups, 1),
                                                    max_length=max_length, stop=stop, groups=groups,
                                                    pad=self.tokenizer.pad_token_id, do_sample=False, **generation_kwargs)
+            self._note_lengths(lengths, groups)
             self._name_batch_rows()
             if self.engine.shadows is not None:
                 self.engine.shadows.end_request([n - 1 for n in lengths])
         else:
             out = super()._model_generate(context.repeat(groups, 1), max_length, stop, **generation_kwargs)
+            self._note_lengths(self._cut_rows(out[:, context.shape[1]:], stop), groups)
             self._name_batch_rows()
-            self._cut_rows(out[:, context.shape[1]:], stop)
         rows = context.shape[0]
         for group in range(1, groups):
             self.answers[group].append((context, out[group * rows:(group + 1) * rows]))
@@ -185,12 +190,40 @@ class EngineAdapter:
         self._cut_rows(out[:, inputs["input_ids"].shape[1]:], stop)
         return out
 
-    def _cut_rows(self, generated: torch.Tensor, stop: list[str]) -> None:
+    def _cut_rows(self, generated: torch.Tensor, stop: list[str]) -> list[int] | None:
+        """With shadows: each row's steps cut at its batch-1 end; returns the rows' batch-1 lengths."""
         if self.engine.shadows is None:
-            return
+            return None
         eos = eos_ids(self.model)
         tokenizer = getattr(self, "tokenizer", None) or self.processor.tokenizer
-        self.engine.shadows.end_request([batch_one_length(tokenizer, row, stop, eos) - 1 for row in generated.tolist()])
+        lengths = [batch_one_length(tokenizer, row, stop, eos) for row in generated.tolist()]
+        self.engine.shadows.end_request([n - 1 for n in lengths])
+        return lengths
+
+    def _note_lengths(self, lengths: list[int] | None, groups: int) -> None:
+        """Each context of the batch just generated -> its batch-1 length (the longest over row groups)."""
+        texts = self._batch_texts or []
+        if lengths is None or len(texts) * groups != len(lengths):
+            return
+        for row, text in enumerate(texts):
+            self.generated_lengths[text] = max(lengths[row::len(texts)])
+
+    def _in_batches(self, run, group: list, disable_tqdm: bool) -> list:
+        """lm-eval's generation of `group`, one call per batch, the requests ordered by `length_hints` (how long
+        another pass's generation of each context ran, longest first): a batch runs as long as its longest row,
+        so batching rows of like length saves steps (lm-eval orders by context length). Each row's tokens are
+        its own, whatever its batch (a speculative pass; the plan's tests check batch = batch 1)."""
+        hints, size = self.length_hints, self.batch_size
+        if not hints or not isinstance(size, int) or size < 2 or len(group) <= size:
+            return run(group, disable_tqdm=disable_tqdm)
+        longest = max(hints.values())
+        order = sorted(range(len(group)), key=lambda i: -hints.get(str(group[i].args[0]), longest + 1))
+        results = [None] * len(group)
+        for start in tqdm(range(0, len(order), size), disable=disable_tqdm, desc="Running generate_until batches"):
+            chunk = order[start:start + size]
+            for i, out in zip(chunk, run([group[i] for i in chunk], disable_tqdm=True)):
+                results[i] = out
+        return results
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         return self._by_task(super().generate_until, requests, disable_tqdm, per_sample=True)
@@ -215,7 +248,7 @@ class EngineAdapter:
             self.engine.clear_cache()
             self.engine.take_record()  # whatever ran before belongs to no task
             group = [_with_row_context(requests[p], p) if per_sample else requests[p] for p in positions]
-            outputs = run(group, disable_tqdm=disable_tqdm)
+            outputs = self._in_batches(run, group, disable_tqdm) if per_sample else run(group, disable_tqdm=disable_tqdm)
             record = self.engine.take_record()
             self.records[task].merge(record)
             if self.engine.shadows is not None:
@@ -229,6 +262,7 @@ class EngineAdapter:
     def _note_batch(self, contexts) -> None:
         """The batch about to be generated: which request each row is (None for a text that is no RowContext)."""
         self._batch_positions = [getattr(context, "position", None) for context in contexts]
+        self._batch_texts = [str(context) for context in contexts]
 
     def _name_batch_rows(self) -> None:
         """After a batch's generation: its rows named in the engine's record (its latest request)."""
