@@ -239,3 +239,27 @@ def test_a_version_1_trace_has_its_first_layer_predictions_moved_to_the_step_the
     data["steps"][-1][0]["predicted"] = None
     (tmp_path / "v1.json").write_text(json.dumps(data))
     assert RoutingTrace.load(tmp_path / "v1.json").steps == RoutingTrace.load(tmp_path / "t.json").steps
+
+
+def test_the_cost_of_a_prediction_is_measured_on_predictions_made_now(monkeypatch):
+    # with every expert cached, the scheduler's window would leave most predictions for after the request, and
+    # their cost (what the replay and the simulator charge per prediction made) would not be in the decode time
+    from evalsuite.perf import costs as costs_module
+
+    engines, offload = [], costs_module.offload
+
+    def recording(*args, **kwargs):
+        engine = offload(*args, **kwargs)
+        engines.append(engine)
+        return engine
+
+    monkeypatch.setattr(costs_module, "offload", recording)
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    costs_module._warm_tpot(model, ids, 6, "router-preserving", "gate", None)
+    (engine,) = engines
+    assert engine.driver.put_off == 0 and engine.record.counters  # every decode prediction was made on the spot
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity="all") as windowed:
+        for _ in range(2):
+            model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert windowed.driver.put_off > 0  # what the window does with such a cache
