@@ -263,3 +263,12 @@ def test_the_cost_of_a_prediction_is_measured_on_predictions_made_now(monkeypatc
         for _ in range(2):
             model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert windowed.driver.put_off > 0  # what the window does with such a cache
+
+
+def test_a_prediction_costs_at_least_the_call_the_engine_times():
+    from evalsuite.perf.costs import measure_costs
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    _, cases, _ = measure_costs(model, ids, 5, 1, predicting=[("gate", "router-preserving", "gate", None)])
+    assert cases["gate"]["call"] > 0 and cases["gate"]["per_prediction"] >= cases["gate"]["call"]

@@ -263,7 +263,8 @@ def measure(lm, target, request, predictors: list[str]):
                    handoff_s=handoff_seconds(device))
     out = {None: base}
     for name in predictors:
-        out[name] = replace(base, predictor_s=per_case.get(name, {}).get("per_prediction", 0.0))
+        case = per_case.get(name, {})
+        out[name] = replace(base, predictor_s=case.get("per_prediction", 0.0), predict_call_s=case.get("call"))
     return out
 
 

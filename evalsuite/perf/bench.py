@@ -153,7 +153,8 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
 def _medians(measured: list[tuple[Costs, dict, float]]) -> tuple[Costs, dict]:
     """Field-wise medians of per-repeat costs and predictor costs."""
     med = statistics.median
-    costs = Costs(**{f: med(getattr(c, f) for c, _, _ in measured) for f in Costs.__dataclass_fields__})
+    costs = Costs(**{f: med(getattr(c, f) for c, _, _ in measured) for f in Costs.__dataclass_fields__
+                     if getattr(measured[0][0], f) is not None})
     pcost = {c: {k: med(m[c][k] for _, m, _ in measured) for k in kinds} for c, kinds in measured[0][1].items()}
     return costs, pcost
 
@@ -161,7 +162,7 @@ def _medians(measured: list[tuple[Costs, dict, float]]) -> tuple[Costs, dict]:
 def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float, handoff_s: float) -> Costs:
     c = pcost.get(case.label.removesuffix(FREE), {})  # free-running costs what its teacher-forced twin does
     return replace(costs, transfer_s=transfer_s, handoff_s=handoff_s, predictor_s=c.get("per_prediction", 0.0),
-                   predictor_step_s=c.get("per_step", 0.0))
+                   predictor_step_s=c.get("per_step", 0.0), predict_call_s=c.get("call"))
 
 
 def _summarise(runs, measured, link, capacity) -> dict:

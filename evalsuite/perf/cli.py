@@ -79,7 +79,8 @@ def cmd_bench(args) -> int:
             measured.update(predictor_ms={  # per case: router-preserving/gate, speculative/gate, hybrid, ...
                 label: c["per_prediction"] * 1e3 for label, c in cfg["case_costs"].items() if "per_prediction" in c},
                 predictor_step_ms={label: c["per_step"] * 1e3 for label, c in cfg["case_costs"].items()
-                                   if "per_step" in c})
+                                   if "per_step" in c},
+                predict_call_ms={label: c["call"] * 1e3 for label, c in cfg["case_costs"].items() if "call" in c})
             profile = {"name": f"{name} on this machine, link {cfg['link']} (measured by evalsuite bench)",
                        "measured": measured}
             # JSON is YAML: the profile loads with load_profile

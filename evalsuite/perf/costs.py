@@ -46,8 +46,9 @@ class SpeedProbe:
 
 def scaled(costs: Costs, factor: float) -> Costs:
     """Costs with every compute-thread cost multiplied by `factor` (the link's are left as they are)."""
-    fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s")
-    return replace(costs, **{f: getattr(costs, f) * factor for f in fields})
+    fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s",
+              "predict_call_s")
+    return replace(costs, **{f: getattr(costs, f) * factor for f in fields if getattr(costs, f) is not None})
 
 
 class LayerClock:
@@ -100,11 +101,13 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
     any (`predicting`: (label, mode, predictor, its artifact) of each case). A cold engine with the smallest cache and no link emulation, where nearly every use
     misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
-    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction"
-    or "per_step": seconds}}, the speed probe's attention seconds: the reference for scaled()).
+    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction" and
+    "call" (the scheduler's own timing of a prediction, also the floor of per_prediction), or "per_step":
+    seconds}}, the speed probe's attention seconds: the reference for scaled()).
     """
     dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
     warm = {label: [] for label in ["on-demand", *(case[0] for case in predicting)]}
+    calls: dict[str, list[float]] = {}  # label -> the scheduler's own time per prediction, per repeat
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
             clock, probe = LayerClock(engine), SpeedProbe(engine)
@@ -118,9 +121,12 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         expert.append(sum(clock.experts_s) / sum(clock.experts_run))
         step.append(tpot - sum(clock.layer_s) / steps)
         resident.append(tpot)
-        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact))
+        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact)[0])
         for label, mode, predictor, own in predicting:
-            warm[label].append(_warm_tpot(model, ids, tokens, mode, predictor, own))
+            tpot, call = _warm_tpot(model, ids, tokens, mode, predictor, own)
+            warm[label].append(tpot)
+            if call is not None:
+                calls.setdefault(label, []).append(call)
         per_miss.append(_miss_seconds(model, ids, tokens, tpot))
     med = statistics.median
     layers = sparse_layers(model)
@@ -130,8 +136,13 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     case_costs = {}
     for label, _, predictor, _ in predicting:
         extra = max(0.0, med(warm[label]) - med(warm["on-demand"]))
-        case_costs[label] = {"per_step": extra} if predictor == "oracle" else \
-            {"per_prediction": extra / max(1, len(layers) - 1)}
+        if predictor == "oracle":
+            case_costs[label] = {"per_step": extra}
+            continue
+        # a difference of two noisy TPOTs can come out below what the predictor's own call takes (or at 0):
+        # a prediction costs at least that call, which the engine times directly
+        call = med(calls[label]) if label in calls else 0.0
+        case_costs[label] = {"per_prediction": max(extra / max(1, len(layers) - 1), call), "call": call}
     return costs, case_costs, (med(attention) if None not in attention else None)
 
 
@@ -164,7 +175,8 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
         greedy(model, ids, tokens)  # fills the cache
         engine.reset_stats()
         greedy(model, ids, tokens)
-        return engine.stats()["tpot_ms"]["median"] / 1e3
+        scheduler = engine.driver.scheduler if engine.driver is not None else None
+        return engine.stats()["tpot_ms"]["median"] / 1e3, (scheduler.predict_s if scheduler is not None else None)
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:

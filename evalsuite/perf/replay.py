@@ -163,7 +163,8 @@ class Replay:
                 and not self.scheduler.worth_predicting(target, 1):
             return  # PredictionDriver leaves it for after the request: no cost, no prefetch now
         self._spend(self.costs.predictor_s, "predict")
-        self.scheduler.prediction_took(self.costs.predictor_s)
+        call = self.costs.predict_call_s
+        self.scheduler.prediction_took(self.costs.predictor_s if call is None else call)
         self.pending[target] = ranked[: self.budget]
         self.deferred = (target, self.pending[target])
 
