@@ -112,3 +112,27 @@ def test_the_replayed_scheduler_weighs_a_prediction_at_the_engines_own_timing_of
     timed = replayed_stats(trace, replace(costly, predict_call_s=0.0), capacity, "router-preserving")
     assert timed["prefetches"] > charged["prefetches"] > 0  # (explorations only, without the engine's timing)
     assert timed["tpot_ms"]["median"] > charged["tpot_ms"]["median"]  # each prediction made is charged in full
+
+
+def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
+    # the engine's scheduler scores the predictions it put off when their request ends (PredictionDriver.end_request):
+    # which ones are put off depends on this machine's clock, but every prediction is scored, now or then
+    from dataclasses import replace
+
+    from evalsuite.perf.replay import Replay
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(4, seq=12)
+    sequences, layers, experts, top_k, meta = _recorded(model, ids, mask)
+    capacity = capacity_in_experts(0.3, experts * len(layers), 1)
+    engine = evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=capacity)
+    for row in _rows(ids, mask):
+        _generate(model, *row)
+    engine.stats()  # (ends the last request)
+    seen, put_off = sum(engine.driver.scheduler.seen.values()), engine.driver.put_off
+    engine.close()
+    trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
+    replay = Replay(trace, replace(COSTS, predictor_s=1e-3), capacity, "router-preserving", top_k, True, "lru")
+    replay.run()
+    assert sum(replay.scheduler.seen.values()) == seen  # made or put off, every prediction scored
+    assert replay.predict < sum(replay.scheduler.seen.values()) * 1e-3  # (most of the replay's were put off)

@@ -89,6 +89,7 @@ class Replay:
         self._layer_uses: dict = {}  # layer -> (uses, misses), for miss_rate
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
+        self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
 
     # ---- requests: a prefill, then decode steps ---------------------------------------------
     def run(self) -> None:
@@ -103,6 +104,9 @@ class Replay:
             begun = self.t
             for index in range(start, end):
                 self._step(steps[index], steps[index + 1] if index + 1 < end else None)
+            for layer, ranked_, native in self.put_off:  # as PredictionDriver.end_request scores them
+                self.scheduler.observe(layer, ranked_[: self.budget], native)
+            self.put_off = []
             if end > start:
                 self.tpots.append((self.t - begun) / (end - start))
 
@@ -161,7 +165,10 @@ class Replay:
             return
         if not self._speculates(target) and not self.perfect and self.cache.policy != "predicted" \
                 and not self.scheduler.worth_predicting(target, 1):
-            return  # PredictionDriver leaves it for after the request: no cost, no prefetch now
+            # PredictionDriver leaves it for after the request (prediction.Later): no cost, no prefetch now; the
+            # scheduler learns its precision when the request ends
+            self.put_off.append((self.trace.layers[target], ranked, set(routing.native)))
+            return
         self._spend(self.costs.predictor_s, "predict")
         call = self.costs.predict_call_s
         self.scheduler.prediction_took(self.costs.predictor_s if call is None else call)
