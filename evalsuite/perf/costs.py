@@ -162,7 +162,9 @@ def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
     return max(0.0, overhead / misses) if misses > 0 else 0.0
 
 
-def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> float:
+def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, float | None]:
+    """Median TPOT of a warm engine whose cache holds every expert, and its scheduler's own time per prediction
+    (None for a mode that does not predict)."""
     # a model without its experts reads them from its checkpoint: the cache then holds the only copy
     store = "disk" if unloaded(model) else "host"
     # window=False: every prediction is made when the engine meets it. With the scheduler's window, a cache
