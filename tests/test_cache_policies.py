@@ -18,9 +18,10 @@ LAYERS = (0, 1, 2)
 class Reference:
     """Every policy by its definition, scanning everything: unused prefetches first (oldest
     first), then lru: least recent; lfu: fewest uses, then least recent; least-stale: most visits
-    of its own layer since its last use, then the layer needed furthest ahead of the one served,
-    then least recent; predicted: least-stale, with a predicted layer's unnamed experts one visit
-    staler and its named ones fresh, lowest score first. Protected keys last, busy ones never."""
+    of its own layer since its last use, then fewest uses, then the layer needed furthest ahead of
+    the one served, then least recent; predicted: least-stale, with a predicted layer's unnamed
+    experts one visit staler and its named ones fresh and kept past every other fresh expert,
+    lowest score first. Protected keys last, busy ones never."""
 
     def __init__(self, capacity, policy, per_layer):
         self.policy, self.per_layer, self.clock = policy, per_layer, 0
@@ -51,11 +52,12 @@ class Reference:
         ahead = ((layers.index(served) if served is not None else 0) - layers.index(key[0])) % len(layers)
         stale = self.visits[key[0]] - self.visit[key]
         scores = self.predictions.get(key[0]) if self.policy == "predicted" else None
+        uses = self.uses.get(key, 0)
         if scores is None:
-            return (1, -stale, ahead, 0, self.last[key])
+            return (1, -stale, uses, ahead, 0, self.last[key])
         if key[1] not in scores:
-            return (1, -stale - 1, ahead, 0, self.last[key])
-        return (1, 0, ahead, scores[key[1]], self.last[key])
+            return (1, -stale - 1, uses, ahead, 0, self.last[key])
+        return (1, 0, float("inf"), ahead, scores[key[1]], self.last[key])
 
     def victim(self, layer, busy, protect, exclude):
         mine = [k for k in list(self.last) + list(self.unconfirmed) if self.pool(k[0]) == self.pool(layer)]
@@ -182,6 +184,14 @@ def test_least_stale_evicts_the_layer_needed_furthest_ahead():
     needed = {(1, 8), (1, 20), (1, 21), (1, 22)}
     order = [cache.place((1, e), protect=needed)[1] for e in (20, 21, 22)]
     assert order == [(1, 7), (0, 7), (0, 8)]
+
+
+def test_least_stale_evicts_the_less_used_of_equally_stale_experts():
+    cache = make(3, "least-stale", layers=(0, 1))
+    use(cache, (0, 1)), use(cache, (1, 5))
+    use(cache, (0, 1)), use(cache, (0, 2)), use(cache, (1, 5))  # layer 1 served; nothing is stale
+    # (0, 2) was used once, (0, 1) and (1, 5) twice; by layer distance alone (1, 5) would go
+    assert cache.place((1, 6), protect={(1, 6)})[1] == (0, 2)
 
 
 def test_predicted_keeps_what_the_predictor_expects_for_the_coming_layer():

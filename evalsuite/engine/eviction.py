@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import math
 from collections import OrderedDict
 
 
@@ -98,28 +100,52 @@ class LayerDistance:
     """least-stale: decoding visits the sparse layers in a cycle, once per token, so staleness is
     counted in visits of an expert's own layer: the visits of that layer since the expert was last
     used (0: used at its layer's latest visit). The stalest expert goes first. Among equally stale
-    ones, the one whose layer is needed furthest ahead: when layer p is served, layer q runs next
-    (q - p) mod L layers later, so p's own experts go first, then p-1's, ..., p+1's last; then the
-    least recently used. The layer served is the one of the latest demand load or use."""
+    ones, the one used fewest times (counts kept across evictions): a popular expert is likelier
+    to be used at its layer's next visit. Then the one whose layer is needed furthest ahead: when
+    layer p is served, layer q runs next (q - p) mod L layers later, so p's own experts go first,
+    then p-1's, ..., p+1's last; then the least recently used. The layer served is the one of the
+    latest demand load or use.
+
+    Per layer, one bucket per visit of last use, each sorted by (uses, sequence), and the visits
+    that have a bucket, sorted: a layer's first entry is its eviction candidate."""
 
     def __init__(self, layers):
         self.layers = list(layers)
         self.position = {layer: i for i, layer in enumerate(self.layers)}
-        self.by_layer = {layer: OrderedDict() for layer in self.layers}  # key -> visit of its last use, oldest first
+        self.buckets = {layer: {} for layer in self.layers}  # visit of last use -> sorted [(uses, seq, key, visit)]
+        self.last_visits = {layer: [] for layer in self.layers}  # visits with a bucket, ascending
+        self.entry: dict = {}  # resident key -> (visit of its last use, uses then, sequence)
+        self.uses: dict = {}  # key -> times used
         self.visits = dict.fromkeys(self.layers, 0)  # visits of each layer so far
         self.current = None  # the layer being served
+        self.sequence = itertools.count()
+
+    def _insert(self, key, entry) -> None:
+        visit, uses, seq = self.entry[key] = entry
+        buckets = self.buckets[key[0]]
+        if visit not in buckets:
+            buckets[visit] = []
+            bisect.insort(self.last_visits[key[0]], visit)
+        bisect.insort(buckets[visit], (uses, seq, key, visit))
 
     def add(self, key) -> None:
-        self.by_layer[key[0]][key] = self.visits[key[0]]
+        self._insert(key, (self.visits[key[0]], self.uses.get(key, 0), next(self.sequence)))
 
     def remove(self, key) -> None:
-        del self.by_layer[key[0]][key]
+        visit, uses, seq = self.entry.pop(key)
+        buckets = self.buckets[key[0]]
+        bucket = buckets[visit]
+        del bucket[bisect.bisect_left(bucket, (uses, seq))]
+        if not bucket:
+            del buckets[visit]
+            visits = self.last_visits[key[0]]
+            del visits[bisect.bisect_left(visits, visit)]
 
     def touch(self, key) -> None:
         self.serving(key[0])
-        keys = self.by_layer[key[0]]
-        keys[key] = self.visits[key[0]]
-        keys.move_to_end(key)
+        self.remove(key)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        self.add(key)
 
     def serving(self, layer) -> None:
         if layer != self.current:  # a new visit of `layer`
@@ -127,36 +153,39 @@ class LayerDistance:
             self.visits[layer] += 1
 
     def memento(self, key):
-        return self.by_layer[key[0]][key]  # the visit of its last use
+        return self.entry[key]  # its place: visit of last use, uses, sequence
 
     def restore(self, key, memento) -> None:
-        keys = self.by_layer[key[0]]
-        keys[key] = memento
-        keys.move_to_end(key, last=False)
+        self._insert(key, memento)
+
+    def entries(self, layer):
+        """(uses, sequence, key, visit of last use) of `layer`'s experts, stalest first, then fewest uses."""
+        buckets = self.buckets[layer]
+        return itertools.chain.from_iterable(buckets[visit] for visit in self.last_visits[layer])
 
     def stream(self, layer, ahead: int):
-        """(-staleness, layers until needed, order, key) of `layer`'s experts, eviction order first."""
+        """(-staleness, uses, layers until needed, sequence, key) of `layer`'s experts, eviction order
+        first (sorted: within one visit and use count, the sequence ascends)."""
         visits = self.visits[layer]
-        return ((last - visits, ahead, i, key) for i, (key, last) in enumerate(self.by_layer[layer].items()))
+        return ((last - visits, uses, ahead, seq, key) for uses, seq, key, last in self.entries(layer))
 
     def candidates(self):
         count, here, visits, position = len(self.layers), self.position.get(self.current, 0), self.visits, self.position
         special, best, layers = self.special(), None, []
-        for layer, keys in self.by_layer.items():  # the best of the layers' first entries: usually the victim
-            if keys:
+        for layer, last_visits in self.last_visits.items():  # the best of the layers' first entries: usually the victim
+            if last_visits:
                 ahead = (here - position[layer]) % count
                 layers.append((layer, ahead))
                 if layer in special:
                     first = next(self.stream(layer, ahead))
                 else:
-                    for key, last in keys.items():
-                        first = (last - visits[layer], ahead, 0, key)
-                        break
+                    uses, seq, key, last = self.buckets[layer][last_visits[0]][0]
+                    first = (last - visits[layer], uses, ahead, seq, key)
                 if best is None or first < best:
                     best = first
         if best is None:
             return
-        yield best[3]
+        yield best[4]
         for *_, key in heapq.merge(*(self.stream(layer, ahead) for layer, ahead in layers)):
             yield key
 
@@ -165,16 +194,16 @@ class LayerDistance:
         return {}
 
     def __iter__(self):
-        for keys in self.by_layer.values():
-            yield from keys
+        return iter(self.entry)
 
 
 class Predicted(LayerDistance):
     """predicted: least-stale, with the predictor's view of the coming layers applied ahead of
     time. For a layer the predictor has candidates for (`ExpertCache.predict`), an expert it does
     not name is counted as if that layer's coming visit had already passed without it (one visit
-    staler), and the experts it names as used there (staleness 0), lowest score evicted first.
-    Layers without a prediction are ordered as in least-stale, so with none this is least-stale."""
+    staler), and the experts it names as used there: fresh, kept past every other fresh expert,
+    lowest score evicted first. Layers without a prediction are ordered as in least-stale, so with
+    none this is least-stale."""
 
     def __init__(self, layers):
         super().__init__(layers)
@@ -190,13 +219,14 @@ class Predicted(LayerDistance):
         return self._predicted_stream(layer, ahead, scores)
 
     def _predicted_stream(self, layer, ahead, scores):
-        visits, keys = self.visits[layer], self.by_layer[layer]
-        for i, (key, last) in enumerate(keys.items()):
-            if key[1] not in scores:
-                yield (last - visits - 1, ahead, i, key)
-        named = sorted((scores[key[1]], i, key) for i, key in enumerate(keys) if key[1] in scores)
-        for rank, (_, _, key) in enumerate(named):  # sorted only once the search gets this far
-            yield (0, ahead, rank, key)
+        visits, named = self.visits[layer], []
+        for uses, seq, key, last in self.entries(layer):
+            if key[1] in scores:
+                named.append((scores[key[1]], seq, key))  # equal scores: least recent first
+            else:
+                yield (last - visits - 1, uses, ahead, seq, key)
+        for rank, (_, _, key) in enumerate(sorted(named)):  # sorted only once the search gets this far
+            yield (0, math.inf, ahead, rank, key)
 
 
 ORDERS = {"lru": Recency, "lfu": Frequency, "least-stale": LayerDistance, "predicted": Predicted}
