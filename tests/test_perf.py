@@ -272,3 +272,18 @@ def test_a_prediction_costs_at_least_the_call_the_engine_times():
     ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
     _, cases, _ = measure_costs(model, ids, 5, 1, predicting=[("gate", "router-preserving", "gate", None)])
     assert cases["gate"]["call"] > 0 and cases["gate"]["per_prediction"] >= cases["gate"]["call"]
+
+
+def test_the_link_a_replay_reads_is_timed_by_the_engine_not_taken_from_its_figure():
+    # the worker's wake-ups and sleep overshoots make every emulated copy longer than the link's figure, and
+    # issuing a prefetch costs the compute thread something; the replayed scheduler decides on both
+    from evalsuite.engine.transfer import parse_link
+    from evalsuite.perf.costs import link_costs
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    with evalsuite.offload(model, mode="on-demand") as engine:
+        nominal = parse_link("sdcard").seconds(engine.layout.nbytes)
+    transfer_s, prefetch_s = link_costs(model, ids, 4, "sdcard")
+    assert nominal < transfer_s < 2 * nominal
+    assert 0 < prefetch_s < nominal

@@ -114,6 +114,22 @@ def test_the_replayed_scheduler_weighs_a_prediction_at_the_engines_own_timing_of
     assert timed["tpot_ms"]["median"] > charged["tpot_ms"]["median"]  # each prediction made is charged in full
 
 
+def test_the_replayed_scheduler_weighs_a_wrong_guess_at_the_engines_timing_of_a_prefetch():
+    # issuing (and cancelling) a prefetch costs the compute thread what the engine times (prefetch_s); miss_s, a
+    # difference of two TPOTs, can come out at 0, which would make every wrong guess free
+    from dataclasses import replace
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(4, seq=12)
+    sequences, layers, experts, top_k, meta = _recorded(model, ids, mask)
+    trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
+    capacity = capacity_in_experts(0.3, experts * len(layers), 1)
+    link = replace(COSTS, transfer_s=2e-4, miss_s=0.0)
+    free = replayed_stats(trace, link, capacity, "router-preserving")
+    costly = replayed_stats(trace, replace(link, prefetch_s=1e-3), capacity, "router-preserving")
+    assert free["prefetches"] > costly["prefetches"]
+
+
 def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
     # the engine's scheduler scores the predictions it put off when their request ends (PredictionDriver.end_request):
     # which ones are put off depends on this machine's clock, but every prediction is scored, now or then

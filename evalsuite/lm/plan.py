@@ -242,7 +242,7 @@ def measured_costs(lm, target, request, predictors: list[str]) -> dict:
 def measure(lm, target, request, predictors: list[str]):
     """This machine's decode costs (evalsuite.perf.costs), on the pass's model with its engine set aside,
     each predictor's cost per prediction included: {predictor or None: Costs}."""
-    from ..perf.costs import copy_seconds, handoff_seconds, measure_costs
+    from ..perf.costs import handoff_seconds, link_costs, measure_costs
 
     if lm.builds_without_experts:
         raise ValueError("--plan replay measures compute costs on a model loaded whole (device=cpu, store=host): "
@@ -255,12 +255,15 @@ def measure(lm, target, request, predictors: list[str]):
         ids = target.tokenizer("Question: 12 + 7 = ? Answer:", return_tensors="pt")["input_ids"].to(lm.model.device)
         cases = [(name, "router-preserving", name, artifact) for name in dict.fromkeys(predictors)]
         base, per_case, _ = measure_costs(lm.model, ids, COST_TOKENS, COST_REPEATS, predicting=cases)
+        # the link as the engine times it here, not its nominal figure: the replayed scheduler decides on it
+        transfer_s, prefetch_s = link_costs(lm.model, ids, COST_TOKENS, request.link)
     finally:
         lm.engine = None
         lm._offload()  # the pass's own engine again
-    link = parse_link(request.link)
-    base = replace(base, transfer_s=link.seconds(nbytes) if link is not None else copy_seconds(nbytes, device),
-                   handoff_s=handoff_seconds(device))
+    if transfer_s is None:  # nothing moved (the small cache held every expert)
+        link = parse_link(request.link)
+        transfer_s = link.seconds(nbytes) if link is not None else 0.0
+    base = replace(base, transfer_s=transfer_s, prefetch_s=prefetch_s, handoff_s=handoff_seconds(device))
     out = {None: base}
     for name in predictors:
         case = per_case.get(name, {})

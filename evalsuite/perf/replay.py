@@ -77,7 +77,8 @@ class Replay:
         self.transfers = _LinkView(self)
         self.layout = SimpleNamespace(nbytes=costs.transfer_s)
         self.budget = budget
-        self.prefetch_cost_s = costs.miss_s  # compute-thread seconds per prefetch, as Engine.prefetch_cost_s
+        # compute-thread seconds per prefetch, as Engine.prefetch_cost_s (measured by the engine where known)
+        self.prefetch_cost_s = costs.miss_s if costs.prefetch_s is None else costs.prefetch_s
         self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
         self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
         self.compute = self.waited = self.predict = 0.0

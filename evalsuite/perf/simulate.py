@@ -57,6 +57,9 @@ class Costs:
     handoff_s: float = 0.0  # added to every wait for a copy: waking the waiting thread (measured)
     lookup_s: float = 0.0  # per expert use when offloaded: the cache's bookkeeping (measured)
     miss_s: float = 0.0  # per transfer started: placing, evicting, queueing, on the compute thread (measured)
+    # per prefetch issued: the compute thread's issuing, cancelling and promoting, as the engine times it
+    # (Engine.prefetch_cost_s; its scheduler weighs a wrong guess by it); None: miss_s
+    prefetch_s: float | None = None
     chunk_s: float = CHUNK_SECONDS  # link time per chunk: the longest a demand load waits behind a prefetch
 
 
