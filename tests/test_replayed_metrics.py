@@ -97,16 +97,21 @@ def test_a_replay_in_the_replay_process_equals_one_run_here():
     assert here["expert_uses"] > 0 and here["misses"] > 0  # the replay did run, and met a cold cache
 
 
+def _gate_trace():
+    """A batched resident pass's trace with gate's predictions, and a cache of 30 % for it."""
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids, mask = batch(4, seq=12)
+    sequences, layers, experts, top_k, meta = _recorded(model, ids, mask)
+    trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
+    return trace, capacity_in_experts(0.3, experts * len(layers), 1)
+
+
 def test_the_replayed_scheduler_weighs_a_prediction_at_the_engines_own_timing_of_it():
     # the engine's scheduler weighs each prediction's expected saving against its own timing of the predictor's
     # call; the replay charges the whole measured cost per prediction but must decide as that scheduler does
     from dataclasses import replace
 
-    model = copy.deepcopy(reference_model("qwen3_moe"))
-    ids, mask = batch(4, seq=12)
-    sequences, layers, experts, top_k, meta = _recorded(model, ids, mask)
-    trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
-    capacity = capacity_in_experts(0.3, experts * len(layers), 1)
+    trace, capacity = _gate_trace()
     costly = replace(COSTS, transfer_s=2e-4, predictor_s=1e-3)  # no prefetch can pay for a 1 ms prediction
     charged = replayed_stats(trace, costly, capacity, "router-preserving")
     timed = replayed_stats(trace, replace(costly, predict_call_s=0.0), capacity, "router-preserving")
@@ -119,11 +124,7 @@ def test_the_replayed_scheduler_weighs_a_wrong_guess_at_the_engines_timing_of_a_
     # difference of two TPOTs, can come out at 0, which would make every wrong guess free
     from dataclasses import replace
 
-    model = copy.deepcopy(reference_model("qwen3_moe"))
-    ids, mask = batch(4, seq=12)
-    sequences, layers, experts, top_k, meta = _recorded(model, ids, mask)
-    trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
-    capacity = capacity_in_experts(0.3, experts * len(layers), 1)
+    trace, capacity = _gate_trace()
     link = replace(COSTS, transfer_s=2e-4, miss_s=0.0)
     free = replayed_stats(trace, link, capacity, "router-preserving")
     costly = replayed_stats(trace, replace(link, prefetch_s=1e-3), capacity, "router-preserving")
