@@ -170,24 +170,36 @@ class LayerDistance:
         return ((last - visits, uses, ahead, seq, key) for uses, seq, key, last in self.entries(layer))
 
     def candidates(self):
+        """The layers' streams merged lazily: each layer's first entry is known without a stream, and a
+        layer's stream is made only when the search gets past that entry (usually none is)."""
         count, here, visits, position = len(self.layers), self.position.get(self.current, 0), self.visits, self.position
-        special, best, layers = self.special(), None, []
-        for layer, last_visits in self.last_visits.items():  # the best of the layers' first entries: usually the victim
+        special, heads = self.special(), []
+        for n, (layer, last_visits) in enumerate(self.last_visits.items()):
             if last_visits:
                 ahead = (here - position[layer]) % count
-                layers.append((layer, ahead))
                 if layer in special:
-                    first = next(self.stream(layer, ahead))
+                    stream = self.stream(layer, ahead)
+                    heads.append((next(stream), n, layer, ahead, stream))
                 else:
                     uses, seq, key, last = self.buckets[layer][last_visits[0]][0]
-                    first = (last - visits[layer], uses, ahead, seq, key)
-                if best is None or first < best:
-                    best = first
-        if best is None:
+                    heads.append(((last - visits[layer], uses, ahead, seq, key), n, layer, ahead, None))
+        if not heads:
             return
-        yield best[4]
-        for *_, key in heapq.merge(*(self.stream(layer, ahead) for layer, ahead in layers)):
-            yield key
+        yield min(heads)[0][4]  # usually the victim; the merge below only when it may not go
+        heapq.heapify(heads)  # entries never tie: each carries its unique sequence, or rank and layer
+        while True:
+            _, n, layer, ahead, stream = heads[0]  # the entry just yielded
+            if stream is None:  # past this layer's first entry: its stream, from the second on
+                stream = self.stream(layer, ahead)
+                next(stream)
+            following = next(stream, None)
+            if following is None:
+                heapq.heappop(heads)
+            else:
+                heapq.heapreplace(heads, (following, n, layer, ahead, stream))
+            if not heads:
+                return
+            yield heads[0][0][4]
 
     def special(self) -> dict:
         """Layers whose `stream` differs from the plain one."""
