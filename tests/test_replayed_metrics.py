@@ -146,7 +146,7 @@ def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
     for row in _rows(ids, mask):
         _generate(model, *row)
     engine.stats()  # (ends the last request)
-    seen, put_off = sum(engine.driver.scheduler.seen.values()), engine.driver.put_off
+    seen = sum(engine.driver.scheduler.seen.values())
     engine.close()
     trace = routing_trace(sequences, "gate", layers, experts, top_k, meta)
     replay = Replay(trace, replace(COSTS, predictor_s=1e-3), capacity, "router-preserving", top_k, True, "lru")
