@@ -75,6 +75,7 @@ class ExpertFetching:
             self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=not demand)
             self._prefetched.add(key)
+            self._unsettled.setdefault(layer, {})[key] = None
             counters.prefetches += 1
             started += 1
         self._prefetch_work(time.perf_counter() - begun, started)
@@ -95,32 +96,40 @@ class ExpertFetching:
         missed = counters.misses + counters.prefetch_used
         return missed / counters.expert_uses if counters.expert_uses else 1.0
 
-    def has_prefetches(self) -> bool:
-        """Whether any prefetched expert is still unused (settle_prefetches has something to do)."""
-        return bool(self._prefetched)
+    def has_unsettled(self, layer: int) -> bool:
+        """Whether sparse layer `layer` has prefetches its router has not settled yet (settle_prefetches
+        has something to do)."""
+        return layer in self._unsettled
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
         are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot
         goes back to the pool, or, if no chunk of it was written, to the expert it evicted), and the picked ones
         still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
-        how many were cancelled."""
-        if self.cache is None or not self._prefetched:
+        how many were cancelled. Only the layer's prefetches sent since its router last settled them
+        are looked at (in the order they were sent): the others landed, were promoted (and so ran,
+        and landed) or were cancelled then."""
+        unsettled = self._unsettled.pop(layer, None)
+        if self.cache is None or not unsettled:
             return 0
         begun = time.perf_counter()
-        counters, cancelled = self.record.counters[layer], 0
-        for key in [k for k in self._prefetched if k[0] == layer]:
+        counters, cancelled, pinned = self.record.counters[layer], 0, {}
+        for key in unsettled:
             transfer = self.cache.transfers.get(key)
-            if transfer is None or transfer.done.is_set():
-                continue  # landed: it stays at the eviction end, free to evict, maybe used later
+            if key not in self._prefetched or transfer is None or transfer.done.is_set():
+                continue  # used, evicted, or landed: a landed one stays at the eviction end, maybe used later
             if key[1] in confirmed:
                 self.transfers.promote(transfer)
-            elif not self.cache.pins.get(key) and self.transfers.cancel(transfer):
+            elif self.cache.pins.get(key):
+                pinned[key] = None  # in use now: looked at again at the layer's next router
+            elif self.transfers.cancel(transfer):
                 if self.cache.withdraw(key, transfer.untouched) is not None:
                     counters.victims_restored += 1
                 self._prefetched.discard(key)
                 counters.prefetch_cancelled += 1
                 cancelled += 1
+        if pinned:
+            self._unsettled[layer] = {**pinned, **self._unsettled.get(layer, {})}
         self._prefetch_work(time.perf_counter() - begun, 0)
         return cancelled
 
@@ -147,6 +156,10 @@ class ExpertFetching:
             self._submit(key, slot, counters)
         self.cache.pin(key)
 
+    def _stalled(self, counters: Counters, seconds: float) -> None:
+        counters.stall_s += seconds
+        self.stalled_s += seconds  # the engine's total, which the prefetch scheduler reads per layer
+
     def _evicted(self, key) -> None:
         if key in self._prefetched:  # a prefetch that was never used
             self._prefetched.discard(key)
@@ -160,7 +173,7 @@ class ExpertFetching:
             raise RuntimeError(f"layer {layer}: no cache slot can be freed for {key}: every slot is pinned")
         busy, transfer = in_flight[0]
         try:
-            counters.stall_s += transfer.wait(self.timeout_s)
+            self._stalled(counters, transfer.wait(self.timeout_s))
         except TransferError:
             if not self.cache.failed(busy):  # late, not failed: it may still land, so the slot stays taken
                 raise
@@ -183,7 +196,7 @@ class ExpertFetching:
         if transfer is not None:
             self.transfers.promote(transfer)  # a prefetch the compute now waits for goes before other prefetches
             try:
-                counters.stall_s += transfer.wait(self.timeout_s)
+                self._stalled(counters, transfer.wait(self.timeout_s))
             except TransferError:
                 if self.cache.failed(key):  # a timed-out copy may still land; a failed one never will
                     self.cache.forget(key)

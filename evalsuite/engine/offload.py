@@ -128,6 +128,8 @@ class Engine(ExpertFetching):
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.forward = Forward(decoding=False, rows=1)  # the pass running now (evalsuite.engine.forward)
         self._prefetched: set = set()  # prefetched experts not yet used
+        self._unsettled: dict = {}  # sparse layer -> {its prefetches sent since its router last settled them}
+        self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
         self._prefetch_s, self._prefetch_n = 0.0, 0
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
@@ -332,6 +334,7 @@ class Engine(ExpertFetching):
             except TransferError:
                 pass  # a failed copy leaves nothing to keep: its slot is emptied with the rest
         self._prefetched.clear()
+        self._unsettled.clear()
         # a new, empty cache over the same slot memory (built on the meta device: nothing is allocated)
         slots = self.cache.slots
         self.cache = ExpertCache([l.index for l in self.layers], slots.shape[0], self.layout.numel,

@@ -99,9 +99,9 @@ def _kept(value, reads):
     """An argument of a prediction put off: its own copy of the tensors the predictor reads (the
     model may reuse its own before the request ends)."""
     if isinstance(value, LayerState):
-        fields = {name: getattr(value, name) for name in ("x", "residual", "ids", "weights")}
-        return LayerState(value.pos, **{name: t.clone() if name in reads and t is not None else t
-                                        for name, t in fields.items()})
+        return LayerState(value.pos, *(t.clone() if t is not None and name in reads else t for name, t in
+                                       (("x", value.x), ("residual", value.residual), ("ids", value.ids),
+                                        ("weights", value.weights))))
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
@@ -137,6 +137,9 @@ class PredictionDriver:
         self.current: dict = {}  # layer -> [(prediction, native ids, rows)] per decode step of the running request
         self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
         self.put_off = 0  # predictions left for after their request (Later)
+        # what of _can_wait holds for the engine's life (its cache may be rebuilt, on the same policy)
+        self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
+                         and engine.cache.policy != "predicted")
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
             if "residual" in predictor.reads:  # a module hook costs every call of the module: only when read
@@ -190,25 +193,24 @@ class PredictionDriver:
             weights = engine.family.route_weights(router, logits, ids)
             replaced = (logits, weights, ids)
             chosen = None
-        if self.scheduler is not None and engine.has_prefetches():
+        if self.scheduler is not None and engine.has_unsettled(layer):
             # the router decided: wrong guesses leave the link, right ones go first
             engine.settle_prefetches(layer, set(ids.reshape(-1).tolist()) if chosen is None else chosen)
-        target, score = pos + self.horizon, None
+        target = pos + self.horizon
         if target < len(engine.layers):
-            state = LayerState(pos, x, self.residual.get(pos), ids, weights)
-            score = functools.partial(self.predictor.scores, state, self.horizon)
+            self._predict(target, self.predictor.scores, LayerState(pos, x, self.residual.get(pos), ids, weights),
+                          self.horizon)
         elif pos == len(engine.layers) - 1 and forward.decoding:  # the next token's first sparse layer
-            target, score = 0, functools.partial(self.predictor.next_token_scores, x)
-        if score is not None:
-            self._predict(target, score)
+            self._predict(0, self.predictor.next_token_scores, x)
         return replaced
 
-    def _predict(self, target: int, score) -> None:
-        """Predict sparse layer `target` now, or, when the scheduler finds that no prefetch for it
-        could pay for the prediction's own cost on this link (Later), when the request ends."""
+    def _predict(self, target: int, score, *args) -> None:
+        """Predict sparse layer `target` (`score(*args)`) now, or, when the scheduler finds that no
+        prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends."""
         engine = self.engine
         if self._can_wait(target) and not self.scheduler.worth_predicting(target, self.horizon if target else 1):
-            later = Later(functools.partial(score.func, *(_kept(a, self.predictor.reads) for a in score.args)))
+            reads = self.predictor.reads
+            later = Later(functools.partial(score, *(_kept(a, reads) for a in args)))
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
@@ -216,7 +218,7 @@ class PredictionDriver:
             return
         begun = time.perf_counter()
         with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
-            scores = score()
+            scores = score(*args)
         if scores is None:
             return
         prediction = (scores, ranked(scores, engine.budget))
@@ -234,10 +236,8 @@ class PredictionDriver:
         """Whether the prediction for `target` serves only prefetching and the record (recall, the
         scheduler's precision, the trace), so it may be scored after the request: a decode step of
         a stateless predictor, a layer that will not execute it, and a cache that does not read it."""
-        engine, forward = self.engine, self.engine.forward
-        return (self.scheduler is not None and forward.decoding and self.predictor.stateless
-                and not self.speculates(target) and forward.kinds is None and engine.cache is not None
-                and engine.cache.policy != "predicted")
+        forward = self.engine.forward
+        return self.may_wait and forward.decoding and forward.kinds is None and not self.speculates(target)
 
     def release_prefetch(self) -> None:
         """Start the prefetches of the last prediction (the engine calls this after demand loads).

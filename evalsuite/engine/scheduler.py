@@ -69,7 +69,7 @@ class PrefetchScheduler:
         if not decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
-        self.layer_at(pos, time.perf_counter(), sum(c.stall_s for c in self.engine.record.counters.values()))
+        self.layer_at(pos, time.perf_counter(), self.engine.stalled_s)
 
     def layer_at(self, pos: int, now: float, stalled: float) -> None:
         """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far

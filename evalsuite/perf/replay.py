@@ -87,6 +87,7 @@ class Replay:
         self.tpots: list[float] = []
         self.prefilling = False
         self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
+        self.unsettled: dict = {}  # sparse layer -> {its prefetches since its router last settled them}
         self._layer_uses: dict = {}  # layer -> (uses, misses), for miss_rate
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
@@ -267,23 +268,29 @@ class Replay:
             self._evicted(evicted)
             self._submit(key, prefetch=not demand)
             self.prefetched.add(key)
+            self.unsettled.setdefault(layer, {})[key] = None
             self.counters.prefetches += 1
             started += 1
         return started
 
     def _settle_prefetches(self, layer: int, confirmed: set) -> None:
         self.link.advance(self.t)
-        for key in [k for k in self.prefetched if k[0] == layer]:
+        pinned = {}
+        for key in self.unsettled.pop(layer, {}):
             copy = self.cache.transfers.get(key)
-            if copy is None or copy.done.is_set():
-                continue  # landed: it stays at the eviction end, maybe used later
+            if key not in self.prefetched or copy is None or copy.done.is_set():
+                continue  # used, evicted, or landed: a landed one stays at the eviction end, maybe used later
             if key[1] in confirmed:
                 self.link.promote(copy, self.t)
-            elif not self.cache.pins.get(key) and self.link.cancel(copy, self.t):
+            elif self.cache.pins.get(key):
+                pinned[key] = None
+            elif self.link.cancel(copy, self.t):
                 if self.cache.withdraw(key, copy.untouched) is not None:
                     self.counters.victims_restored += 1
                 self.prefetched.discard(key)
                 self.counters.prefetch_cancelled += 1
+        if pinned:
+            self.unsettled[layer] = {**pinned, **self.unsettled.get(layer, {})}
 
     def _evicted(self, key) -> None:
         if key in self.prefetched:  # a prefetch that was never used
