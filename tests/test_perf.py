@@ -209,6 +209,9 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
     trace = out / "traces" / "tiny-qwen3_moe-ufs4-0.5-router-preserving-gate.json"
     profile = out / "profiles" / "tiny-qwen3_moe-ufs4-0.5.yaml"
     assert trace.exists() and profile.exists()
+    # the engine's own cost of issuing a prefetch travels with the profile, for the simulated scheduler
+    issued = result["configs"][0]["costs"]["prefetch_s"]
+    assert issued > 0 and costs(load_profile(str(profile)), predictor="gate").prefetch_s == pytest.approx(issued)
     # the saved trace and the measured profile through `evalsuite simulate` give the bench's replay
     projected = tmp_path / "p.json"
     assert main(["simulate", "--trace", str(trace), "--profile", str(profile), "--capacity", "0.5",

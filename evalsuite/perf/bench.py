@@ -93,13 +93,14 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
         attention_s = probe.median()
         transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
         handoff_s = engine.transfers.handoff_seconds() if engine.transfers is not None else None
+        prefetch_s = engine.prefetch_cost_s  # compute-thread seconds per prefetch issued (None: none issued)
         trace = engine.routing_trace()
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
     new = slice(ids.shape[1], None)
     same = (out[:, new] == reference[:, new]).float().mean().item()  # greedy tokens equal to resident's
     return {"out": out, "same_tokens": same, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
             "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s,
-            "trace": trace, "cache_experts": cache_experts,
+            "trace": trace, "cache_experts": cache_experts, "prefetch_s": prefetch_s,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
@@ -179,6 +180,10 @@ def _summarise(runs, measured, link, capacity) -> dict:
     # waiter (medians over every run that moved experts; the idle-thread hand-off otherwise).
     transfer_s = med([r["transfer_s"] for rs in runs.values() for r in rs if r["transfer_s"]] or [0.0])
     handoff_s = med([r["handoff_s"] for rs in runs.values() for r in rs if r["handoff_s"]] or [costs.handoff_s])
+    # what issuing a prefetch cost the compute thread, as the engine timed it (its scheduler weighs a
+    # wrong guess by it; the simulated scheduler must too): median over every run that prefetched
+    issued = [r["prefetch_s"] for rs in runs.values() for r in rs if r["prefetch_s"] is not None]
+    costs = replace(costs, prefetch_s=med(issued) if issued else None)
     link_costs = replace(costs, transfer_s=transfer_s, handoff_s=handoff_s)
     on_demand = next(c for c in runs if c.mode == "on-demand")
     slots = runs[on_demand][0]["cache_experts"]

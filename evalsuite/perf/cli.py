@@ -75,7 +75,8 @@ def cmd_bench(args) -> int:
                 safe = case_label.replace("/", "-").replace(" ", "-")
                 trace.save(out / "traces" / f"{name}-{cfg['link']}-{cfg['capacity']}-{safe}.json")
             measured = {k.replace("_s", "_ms"): v * 1e3 for k, v in cfg["costs"].items()
-                        if k in ("dense_s", "expert_s", "step_s", "handoff_s", "lookup_s", "miss_s", "transfer_s")}
+                        if k in ("dense_s", "expert_s", "step_s", "handoff_s", "lookup_s", "miss_s", "transfer_s",
+                                 "prefetch_s") and v is not None}
             measured.update(predictor_ms={  # per case: router-preserving/gate, speculative/gate, hybrid, ...
                 label: c["per_prediction"] * 1e3 for label, c in cfg["case_costs"].items() if "per_prediction" in c},
                 predictor_step_ms={label: c["per_step"] * 1e3 for label, c in cfg["case_costs"].items()

@@ -9,7 +9,7 @@ their figures). Either rates, from which costs follow for any model shape:
 
 or costs measured on one machine for one model (what `evalsuite bench --profile-out` writes):
 
-    measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms, lookup_ms, miss_ms,
+    measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms, lookup_ms, miss_ms, prefetch_ms,
                predictor_ms: {case: ms per prediction}, predictor_step_ms: {case: ms per step},
                predict_call_ms: {case: ms the engine's scheduler times a prediction at}}
 
@@ -109,7 +109,8 @@ def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | No
                      transfer_s=m["transfer_ms"] / 1e3, predictor_s=per_prediction / 1e3,
                      predict_call_s=None if call is None else call / 1e3,
                      predictor_step_s=per_step / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
-                     lookup_s=m.get("lookup_ms", 0.0) / 1e3, miss_s=m.get("miss_ms", 0.0) / 1e3)
+                     lookup_s=m.get("lookup_ms", 0.0) / 1e3, miss_s=m.get("miss_ms", 0.0) / 1e3,
+                     prefetch_s=m["prefetch_ms"] / 1e3 if "prefetch_ms" in m else None)
     bw = profile.memory_bandwidth_gbs * 1e9 * profile.bandwidth_efficiency
     flops = profile.peak_tflops * 1e12
 
