@@ -175,6 +175,22 @@ def test_a_prediction_that_cannot_pay_is_made_after_the_request_with_the_same_re
     assert predicted == online_predicted  # the trace holds them too
 
 
+def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_in_place():
+    """A put-off prediction keeps its layer's tensors rather than copies (every tiny family's recall with
+    predictions put off is checked in test_modes): if the model ever wrote one in place, it would score
+    another state, so it says so instead."""
+    from evalsuite.engine.prediction import LayerState, Later, _read
+
+    state = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
+    kept = Later(lambda: state.x.sum(), _read([state], ("x",)))
+    changed = Later(lambda: state.x.sum(), _read([state], ("x",)))
+    assert kept.scores() == 4.0
+    state.x.add_(1)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        changed.scores()
+    assert kept.scores() == 4.0  # made once, before the change
+
+
 def test_on_a_slow_link_predictions_are_made_and_sent_online():
     """The trained tiny model on the SD card: a copy takes three layers' time, so once the scheduler
     has seen how often the gate predictor is right (one online prediction in EXPLORE_EVERY, then all

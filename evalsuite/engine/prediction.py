@@ -95,28 +95,33 @@ class LayerState:
     weights: torch.Tensor  # their routing weights [T, K]
 
 
-def _kept(value, reads):
-    """An argument of a prediction put off: its own copy of the tensors the predictor reads (the
-    model may reuse its own before the request ends)."""
-    if isinstance(value, LayerState):
-        return LayerState(value.pos, *(t.clone() if t is not None and name in reads else t for name, t in
-                                       (("x", value.x), ("residual", value.residual), ("ids", value.ids),
-                                        ("weights", value.weights))))
-    return value.clone() if isinstance(value, torch.Tensor) else value
+def _read(args, reads) -> list[tuple[torch.Tensor, int]]:
+    """The tensors a prediction put off will read, with their version counters now: the model's
+    forward pass never writes its activations in place, so the prediction keeps them rather than
+    copies (a copy costs the hot path more than the whole put-off bookkeeping); Later checks it."""
+    out = []
+    for value in args:
+        tensors = [getattr(value, name) for name in reads] if isinstance(value, LayerState) else [value]
+        out += [(t, t._version) for t in tensors if isinstance(t, torch.Tensor)]
+    return out
 
 
 class Later:
     """A prediction put off until its request ends (see PredictionDriver._predict): the predictor's
-    call on that layer's state, made once when first asked for."""
+    call on that layer's state, made once when first asked for. `read`: the tensors it reads and
+    their versions then (_read); one written in place since would make it score another state."""
 
-    def __init__(self, score):
-        self._score, self._scores = score, None
+    def __init__(self, score, read=()):
+        self._score, self._scores, self._read = score, None, read
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
+            if any(t._version != version for t, version in self._read):
+                raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
+                                   "layer ran; run with window=False (every prediction made on the spot)")
             with torch.no_grad():
                 self._scores = self._score()
-            self._score = None
+            self._score = self._read = None
         return self._scores
 
     def candidates(self, budget: int):
@@ -148,12 +153,14 @@ class PredictionDriver:
 
     def _residual_hook(self, pos):
         def hook(module, args):
-            self.residual[pos] = args[0].reshape(-1, args[0].shape[-1])
+            x = args[0]
+            self.residual[pos] = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         return hook
 
     def _router_hook(self, pos):
         def hook(module, args, output):
-            return self.on_router(pos, module, args[0].reshape(-1, args[0].shape[-1]), output)
+            x = args[0]  # [T, H] already in most families: a reshape would still cost a dispatch
+            return self.on_router(pos, module, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), output)
         return hook
 
     def speculates(self, pos: int) -> bool:
@@ -209,8 +216,7 @@ class PredictionDriver:
         prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends."""
         engine = self.engine
         if self._can_wait(target) and not self.scheduler.worth_predicting(target, self.horizon if target else 1):
-            reads = self.predictor.reads
-            later = Later(functools.partial(score, *(_kept(a, reads) for a in args)))
+            later = Later(functools.partial(score, *args), _read(args, self.predictor.reads))
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
