@@ -120,3 +120,41 @@ def test_a_prefetch_whose_issue_costs_more_than_it_could_save_is_not_sent():
     engine.prefetch_cost_s = 0.0
     s.schedule(1, candidates([2, 4]), h=1)
     assert engine.sent[-1] == [2, 4]
+
+
+def test_a_missing_candidate_is_judged_by_how_often_missing_candidates_were_right():
+    """Only candidates missing from the cache are sent, and with a large cache what a predictor gets
+    right is mostly what the cache holds already: rank 0 is right half the time over all predictions,
+    never when it was missing, so a missing rank-0 candidate is not worth a costly wrong guess."""
+    engine = FakeEngine()
+    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
+    engine.prefetch_cost_s = 0.5  # a wrong guess costs half a copy
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 10.0
+    for i in range(40):  # rank 0: expert 3 (cached, picked) or expert 4 (missing, never picked)
+        made = candidates([3, 5] if i % 2 else [4, 5])
+        s.schedule(1, made, h=1)
+        s.observe(7, made, {3})
+    assert 0.45 < s.precision(7)[0] < 0.55 and s.missing_precision(7)[0] < 0.1
+    engine.sent = []
+    s.schedule(1, candidates([4, 5]), h=1)
+    assert engine.sent == [[]]
+
+
+def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
+    """The layer misses often, but the experts this predictor names are already cached whenever it is
+    scheduled: its expected saving is what its missing candidates would save, which is near nothing."""
+    engine = FakeEngine()
+    engine.cache = SimpleNamespace(resident=lambda key: True)
+    engine.miss_rate = lambda layer: 1.0
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 0.2
+    for _ in range(40):
+        made = candidates([3, 5])
+        s.schedule(1, made, h=1)
+        s.observe(7, made, {3, 5})
+    assert s.missing_share(7)[0] < 0.1
+    assert not s.worth_predicting(1, 1)
+    s.missing_seen.clear()  # what is known without them: the layer's miss rate says every candidate misses
+    s.scheduled.clear()
+    assert s.worth_predicting(1, 1)

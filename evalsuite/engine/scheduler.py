@@ -13,17 +13,23 @@ saved(r)   the part of candidate r's copy done before its layer starts. The curr
            that part: when the router picks it, it is promoted and finishes as a demand load.
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
+pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
+           prediction was scheduled: only those are ever sent, and they are the ones a predictor
+           gets wrong most (what it gets right is mostly what the cache already holds), so with a
+           large cache pm is far below p. Shrunk towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
+q(l, r)    the share of scheduled predictions whose rank-r candidate was missing, shrunk towards
+           the layer's miss rate the same way.
 cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand load preempts a
            moving prefetch at the next chunk boundary, and the router's decision cancels it), and
            costs the compute thread what issuing and cancelling a prefetch costs (c, measured by
            the engine: `prefetch_cost_s`); a right one replaces a demand load that would cost the
-           same: (1 − p)·(chunk + c) seconds. On a link whose copies are shorter than c, little
+           same: (1 − pm)·(chunk + c) seconds. On a link whose copies are shorter than c, little
            is worth sending.
-rule       send r when p·saved(r) > (1 − p)·(chunk + c) seconds; with `window=False`, send the top
-           `budget` regardless.
+rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk + c) seconds; with `window=False`,
+           send the top `budget` regardless.
 
 worth      a prediction is made during decoding only if its candidates' expected saving (the
-           rule's margins, times the layer's miss rate) exceeds what the prediction itself costs
+           rule's margins, each times q) exceeds what the prediction itself costs
            the compute thread; otherwise (a fast link, a cache that already holds the layer) the
            driver makes it after the request, for recall and precision only (prediction.Later);
            one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
@@ -38,6 +44,7 @@ import time
 import torch
 
 EXPLORE_EVERY = 8  # a prediction that cannot pay is still made online this often, to keep its precision current
+PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
 
 
 def ranked(scores: torch.Tensor, budget: int) -> list[int]:
@@ -57,6 +64,12 @@ class PrefetchScheduler:
         self.picked: dict[int, list[int]] = {}  # sparse layer -> per rank, predictions the router confirmed
         self.seen: dict[int, int] = {}  # sparse layer -> predictions scored
         self._precision: dict[int, list[float]] = {}  # sparse layer -> precision(), until the next observe
+        # the candidates missing from the cache when a prediction was scheduled, scored at its layer's router:
+        self._scheduled: dict[int, tuple] = {}  # sparse layer -> (its candidates list, [(rank, expert) missing])
+        self.missing_seen: dict[int, list[int]] = {}  # sparse layer -> per rank, missing candidates scored
+        self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
+        self.scheduled: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
+        self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
@@ -87,9 +100,9 @@ class PrefetchScheduler:
 
     def worth_predicting(self, target_pos: int, h: int) -> bool:
         """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
-        the summed expected saving of its candidates under the send rule, each counted with the
-        layer's miss rate (a resident candidate saves nothing), against the time one prediction
-        takes. Unknown quantities (before the first measurements) say yes."""
+        the summed expected saving of its candidates under the send rule, each counted with how
+        often that rank's candidate was missing (q; a resident candidate saves nothing), against the
+        time one prediction takes. Unknown quantities (before the first measurements) say yes."""
         engine = self.engine
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None or self.predict_s is None:
@@ -98,13 +111,12 @@ class PrefetchScheduler:
         self._asked[layer] = self._asked.get(layer, 0) + 1
         if self._asked[layer] % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
-        miss = engine.miss_rate(layer)
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
         ahead, gain = engine.transfers.prefetches_queued(), 0.0
-        for rank, p in enumerate(self.precision(layer)):
+        for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(t, max(0.0, self.layer_s * h - (ahead + rank) * t))
-            gain += max(0.0, p * saved - (1 - p) * wrong_s)
-        return miss * gain > self.predict_s
+            gain += q * max(0.0, p * saved - (1 - p) * wrong_s)
+        return gain > self.predict_s
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
@@ -113,6 +125,15 @@ class PrefetchScheduler:
             picked[rank] += e in chosen
         self.seen[layer] = self.seen.get(layer, 0) + 1
         self._precision.pop(layer, None)
+        scheduled = self._scheduled.pop(layer, None)
+        if scheduled is not None and scheduled[0] is candidates:  # this very prediction was scheduled
+            seen = self.missing_seen.setdefault(layer, [0] * self.budget)
+            picked = self.missing_picked.setdefault(layer, [0] * self.budget)
+            for rank, e in scheduled[1]:
+                seen[rank] += 1
+                picked[rank] += e in chosen
+            self.scheduled[layer] = self.scheduled.get(layer, 0) + 1
+        self._missing.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""
@@ -121,18 +142,33 @@ class PrefetchScheduler:
             self._precision[layer] = [(hits + 1) / (seen + 2) for hits in picked]
         return self._precision[layer]
 
+    def missing_precision(self, layer: int) -> list[float]:
+        """Per rank, pm: the precision over candidates that were missing when scheduled, shrunk towards p."""
+        if layer not in self._missing:
+            seen = self.missing_seen.get(layer, [0] * self.budget)
+            picked = self.missing_picked.get(layer, [0] * self.budget)
+            k = PRIOR_WEIGHT
+            self._missing[layer] = [(h + k * p) / (m + k) for h, m, p in zip(picked, seen, self.precision(layer))]
+        return self._missing[layer]
+
+    def missing_share(self, layer: int) -> list[float]:
+        """Per rank, q: how often the candidate was missing when scheduled, shrunk towards the layer's miss rate."""
+        miss, n, k = self.engine.miss_rate(layer), self.scheduled.get(layer, 0), PRIOR_WEIGHT
+        return [(m + k * miss) / (n + k) for m in self.missing_seen.get(layer, [0] * self.budget)]
+
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
         `ranked`); returns transfers started."""
         engine = self.engine
         layer = engine.layers[target_pos].index
-        candidates = candidates[: self.budget]
+        ranked_candidates, candidates = candidates, candidates[: self.budget]
         missing = [(rank, e) for rank, e in enumerate(candidates) if not engine.cache.resident((layer, e))]
+        self._scheduled[layer] = (ranked_candidates, missing)  # scored when the router of `layer` decides
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)  # what a wrong guess costs
-        precision, ahead = self.precision(layer), engine.transfers.prefetches_queued()
+        precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
         wanted = []
         for rank, e in missing:
             p = precision[rank]
