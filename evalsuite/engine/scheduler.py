@@ -16,7 +16,8 @@ p(l, r)    online precision of rank r at sparse layer l: of the past decode pred
 pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
            prediction was scheduled: only those are ever sent, and they are the ones a predictor
            gets wrong most (what it gets right is mostly what the cache already holds), so with a
-           large cache pm is far below p. Shrunk towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
+           large cache pm can be well below p (docs/performance.md, "The prefetch policy"). Shrunk
+           towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
 q(l, r)    the share of scheduled predictions whose rank-r candidate was missing, shrunk towards
            the layer's miss rate the same way.
 cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand load preempts a
