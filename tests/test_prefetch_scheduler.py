@@ -156,5 +156,5 @@ def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     assert s.missing_share(7)[0] < 0.1
     assert not s.worth_predicting(1, 1)
     s.missing_seen.clear()  # what is known without them: the layer's miss rate says every candidate misses
-    s.scheduled.clear()
+    s.missing_scored.clear()
     assert s.worth_predicting(1, 1)

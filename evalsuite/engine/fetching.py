@@ -129,7 +129,7 @@ class ExpertFetching:
                 counters.prefetch_cancelled += 1
                 cancelled += 1
         if pinned:
-            self._unsettled[layer] = {**pinned, **self._unsettled.get(layer, {})}
+            self._unsettled[layer] = pinned  # nothing above sends a prefetch, so the layer has no newer ones
         self._prefetch_work(time.perf_counter() - begun, 0)
         return cancelled
 

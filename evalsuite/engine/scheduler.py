@@ -69,7 +69,7 @@ class PrefetchScheduler:
         self._scheduled: dict[int, tuple] = {}  # sparse layer -> (its candidates list, [(rank, expert) missing])
         self.missing_seen: dict[int, list[int]] = {}  # sparse layer -> per rank, missing candidates scored
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
-        self.scheduled: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
+        self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored (q's denominator)
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
@@ -133,7 +133,7 @@ class PrefetchScheduler:
             for rank, e in scheduled[1]:
                 seen[rank] += 1
                 picked[rank] += e in chosen
-            self.scheduled[layer] = self.scheduled.get(layer, 0) + 1
+            self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
@@ -154,7 +154,7 @@ class PrefetchScheduler:
 
     def missing_share(self, layer: int) -> list[float]:
         """Per rank, q: how often the candidate was missing when scheduled, shrunk towards the layer's miss rate."""
-        miss, n, k = self.engine.miss_rate(layer), self.scheduled.get(layer, 0), PRIOR_WEIGHT
+        miss, n, k = self.engine.miss_rate(layer), self.missing_scored.get(layer, 0), PRIOR_WEIGHT
         return [(m + k * miss) / (n + k) for m in self.missing_seen.get(layer, [0] * self.budget)]
 
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:

@@ -290,7 +290,7 @@ class Replay:
                 self.prefetched.discard(key)
                 self.counters.prefetch_cancelled += 1
         if pinned:
-            self.unsettled[layer] = {**pinned, **self.unsettled.get(layer, {})}
+            self.unsettled[layer] = pinned
 
     def _evicted(self, key) -> None:
         if key in self.prefetched:  # a prefetch that was never used
