@@ -167,10 +167,29 @@ def test_a_cancelled_prefetch_never_lands_and_never_writes_later():
     assert torch.equal(dst, torch.full((BIG,), -1.0))
     with pytest.raises(TransferCancelled, match="cancelled"):
         moving.wait(timeout=1)
-    assert 0 < copies.moved < BIG // 2  # only the chunks moved before the cancel, none of the queued one
-    moved_s = copies.moved * 4 / SLOW.bandwidth
+    assert copies.moved == BIG  # an emulated link copies the data in one go when it starts, none of the queued one
+    assert 0 < moving.moved < BIG // 2  # the link's time stopped at the chunk moving when it was cancelled
+    assert moving.moved % (worker.chunk_bytes // 4) == 0  # at a chunk boundary (float32 elements)
+    moved_s = moving.moved * 4 / SLOW.bandwidth
     assert 0.9 * moved_s <= worker.busy_s < moved_s + 0.05  # the link's time counts only those chunks
     assert worker.pending() == 0 and worker.seconds_per_transfer() is None
+
+
+def test_an_emulated_link_moves_a_transfer_nothing_preempts_in_one_copy_and_one_wake_up():
+    """The worker sleeps through a transfer's chunks rather than waking per chunk (each wake-up takes
+    the GIL from the compute thread): a 10 MB transfer on the slow link is ~100 chunks, one hold."""
+    rows = {"p": torch.rand(BIG), "q": torch.rand(SMALL)}
+    worker, copies = slow_link(rows)
+    moves, move = [], worker._move
+    worker._move = lambda transfer: (moves.append(transfer.key), move(transfer))
+    moving = worker.submit("p", torch.zeros(BIG), prefetch=True)
+    time.sleep(0.01)
+    queued = worker.submit("q", torch.zeros(SMALL), prefetch=True)  # behind it: no reason to wake
+    moving.wait(timeout=10)
+    queued.wait(timeout=10)
+    worker.close()
+    assert moves == ["p", "q"] and copies.moved == BIG + SMALL
+    assert 0.1 <= worker.busy_s < 0.2  # still the link's time for every chunk
 
 
 def test_cancel_after_every_chunk_was_issued_changes_nothing():
