@@ -9,7 +9,7 @@ bandwidth (plus the latency once per transfer), so offloaded timing can be studi
 without the hardware. It copies a transfer's data in one go when the transfer starts and then
 sleeps through its chunks back to back, woken early only when the transfer is to yield the link:
 a wake-up per chunk would take the GIL from the compute thread that often (it made a tiny model's
-decoding ~11 % slower while an SD-card link was busy), which a real link's copy engine never does.
+decoding 11-16 % slower while an SD-card link was busy), which a real link's copy engine never does.
 
 A transfer is *issued* once every chunk is handed to the copy backend (evalsuite.engine.copies)
 and *landed* once every chunk is in the slot: `done` is set only then (or when it failed or was
@@ -260,7 +260,7 @@ class TransferWorker:
         try:
             if first:
                 self.copies.begin(transfer.token)
-                if isinstance(self.store, HostStore):  # a stable row: copy it chunk by chunk
+                if isinstance(self.store, HostStore):  # a stable row: a real link copies it chunk by chunk
                     transfer.source = self.store.read(transfer.key)
             if self.link is not None:
                 # The data goes in one copy when the transfer first moves, ahead of the link's time:
