@@ -238,7 +238,7 @@ class TransferWorker:
             with self._lock:
                 while not (self._demand or self._prefetch or self._in_flight or self._closing):
                     self._lock.wait()
-                transfer = self._demand[0] if self._demand else self._prefetch[0] if self._prefetch else None
+                transfer = self._next()
                 if transfer is None and not self._in_flight:
                     return  # closing, and nothing left to move
                 if len(self._in_flight) >= self.copies.depth:
