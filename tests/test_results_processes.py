@@ -26,8 +26,11 @@ def _write_run(url, name, tasks, samples, hang, run_ids):
 
 
 def _writer(url, name, tasks, samples, hang=False):
+    # one queue per child: a queue's write lock is shared by its writers, and a child killed just after a
+    # put may die holding it, which would block every other writer of that queue for good
     run_ids = FORK.Queue()
-    process = FORK.Process(target=_write_run, args=(url, name, tasks, samples, hang, run_ids))
+    # daemon: a test that fails before reaping its children must not leave pytest waiting on them at exit
+    process = FORK.Process(target=_write_run, args=(url, name, tasks, samples, hang, run_ids), daemon=True)
     process.start()
     return process, run_ids
 
@@ -101,24 +104,26 @@ def _claim_and_write(url, start, hang_after, after, claimed, log):
 
 
 def _claimers(url, hang_after=(None, None), ordered=False):
-    """Two processes evaluating CONFIG; `ordered`: the second claims only once the first has (a machine under
-    load could otherwise start the second first)."""
-    start, log = FORK.Event(), FORK.Queue()
+    """Two processes evaluating CONFIG, each reporting on its own queue (see `_writer`); `ordered`: the second
+    claims only once the first has (a machine under load could otherwise start the second first)."""
+    start = FORK.Event()
+    logs = [FORK.Queue(), FORK.Queue()]
     claimed = [FORK.Event(), FORK.Event()]
     after = [None, claimed[0] if ordered else None]
-    processes = [FORK.Process(target=_claim_and_write, args=(url, start, hang, after[i], claimed[i], log))
+    processes = [FORK.Process(target=_claim_and_write, args=(url, start, hang, after[i], claimed[i], logs[i]),
+                              daemon=True)
                  for i, hang in enumerate(hang_after)]
     for process in processes:
         process.start()
     start.set()
-    return processes, log
+    return processes, logs
 
 
 def test_two_evaluations_of_one_configuration_store_one_run(tmp_path):
     url = f"sqlite:///{tmp_path / 'results.db'}"
     ResultsDB(url).close()
-    processes, log = _claimers(url)
-    outcomes = sorted((log.get(timeout=120) for _ in processes), key=lambda o: len(o[1]))
+    processes, logs = _claimers(url)
+    outcomes = sorted((log.get(timeout=120) for log in logs), key=lambda o: len(o[1]))
     for process in processes:
         process.join(timeout=60)
     assert [p.exitcode for p in processes] == [0, 0]
@@ -133,10 +138,10 @@ def test_two_evaluations_of_one_configuration_store_one_run(tmp_path):
 def test_a_waiting_evaluation_resumes_the_claim_of_one_that_died(tmp_path):
     url = f"sqlite:///{tmp_path / 'results.db'}"
     ResultsDB(url).close()
-    processes, log = _claimers(url, hang_after=(1, None), ordered=True)
-    run_id, _, _ = log.get(timeout=120)  # the first claimer hangs after one task
+    processes, logs = _claimers(url, hang_after=(1, None), ordered=True)
+    run_id, _, _ = logs[0].get(timeout=120)  # the first claimer hangs after one task
     os.kill(processes[0].pid, signal.SIGKILL)
-    resumed, done, messages = log.get(timeout=120)
+    resumed, done, messages = logs[1].get(timeout=120)
     for process in processes:
         process.join(timeout=60)
     assert resumed == run_id and done == ["task0"]
