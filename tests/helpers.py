@@ -48,3 +48,17 @@ def shared_data() -> str | None:
         if candidate and os.path.isfile(os.path.join(candidate, "gsm8k", "test.jsonl")):
             return os.path.abspath(candidate)
     return None
+
+
+# An emulated link on the CPU is served without a thread (evalsuite.engine.lazy_link) when one expert is
+# small, as every test model's is; the transfer worker serves it when the bound is 0.
+LINK_KINDS = {"lazy-link": None, "worker": 0}
+
+
+def use_link_kind(monkeypatch, kind: str) -> None:
+    """Make engines built in this test serve an emulated link the `kind` way (LINK_KINDS)."""
+    if LINK_KINDS[kind] is not None:
+        import importlib
+
+        monkeypatch.setattr(importlib.import_module("evalsuite.engine.offload"), "INLINE_MAX_BYTES", LINK_KINDS[kind])
+

@@ -9,7 +9,7 @@ import torch
 import evalsuite
 from evalsuite.engine import arch
 
-from .helpers import batch, reference_model, shipped_model
+from .helpers import LINK_KINDS, batch, reference_model, shipped_model, use_link_kind
 
 SLOW = "1GB/s+300000us"  # every copy takes 0.3 s: the prefetches are still on the link when settled
 
@@ -130,7 +130,9 @@ def test_trace_oracle_without_a_trace_is_refused_in_one_line():
         evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle")
 
 
-def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back():
+@pytest.mark.parametrize("kind", LINK_KINDS)
+def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back(kind, monkeypatch):
+    use_link_kind(monkeypatch, kind)
     model = copy.deepcopy(reference_model("olmoe", "float32"))
     layer = arch.sparse_layers(model)[0].index
     with evalsuite.offload(model, mode="on-demand", cache_capacity=4, link="1GB/s+50000us") as engine:
@@ -143,7 +145,7 @@ def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back():
         assert engine.prefetch(layer, [4, 5]) == 2  # 4 moves first and evicts 0; 5 waits and evicts 1
         moving, queued = cache.transfers[(layer, 4)], cache.transfers[(layer, 5)]
         deadline = time.monotonic() + 5
-        while moving.untouched and time.monotonic() < deadline:  # the worker picks it up
+        while moving.untouched and time.monotonic() < deadline:  # the link starts on it
             time.sleep(1e-3)
         assert not moving.untouched and queued.untouched
         assert engine.settle_prefetches(layer, set()) == 2

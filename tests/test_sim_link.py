@@ -1,7 +1,7 @@
 """The simulated link: chunked, preemptible, cancellable, as the engine's transfer worker serves copies."""
 import pytest
 
-from evalsuite.perf.link import SerialLink
+from evalsuite.engine.serial_link import SerialLink
 
 
 def test_a_demand_load_behind_a_long_prefetch_waits_at_most_one_chunk():

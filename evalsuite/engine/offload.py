@@ -28,6 +28,7 @@ from .shadows import ShadowPredictions
 from . import placement
 from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
 from .token_kinds import image_token_ids
+from .lazy_link import INLINE_MAX_BYTES, LazyLink
 from .transfer import TransferWorker, TransferError, parse_link
 
 IMPLEMENTATION = "evalsuite"
@@ -223,7 +224,10 @@ class Engine(ExpertFetching):
         self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
         self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
                                  self.layout.dtype, self.device, cache_policy, per_layer)
-        self.transfers = TransferWorker(self.store, self.device, self.link, self.timeout_s)
+        if self.link is not None and self.device.type == "cpu" and self.layout.nbytes <= INLINE_MAX_BYTES:
+            self.transfers = LazyLink(self.store, self.link, self.timeout_s)  # no thread to hand the GIL to
+        else:
+            self.transfers = TransferWorker(self.store, self.device, self.link, self.timeout_s)
 
     def _start_trace(self) -> None:
         from .trace import TraceRecorder

@@ -10,6 +10,8 @@ without the hardware. It copies a transfer's data in one go when the transfer st
 sleeps through its chunks back to back, woken early only when the transfer is to yield the link:
 a wake-up per chunk would take the GIL from the compute thread that often (it made a tiny model's
 decoding 11-16 % slower while an SD-card link was busy), which a real link's copy engine never does.
+An emulated link with small experts on the CPU is served with no thread at all
+(evalsuite.engine.lazy_link).
 
 A transfer is *issued* once every chunk is handed to the copy backend (evalsuite.engine.copies)
 and *landed* once every chunk is in the slot: `done` is set only then (or when it failed or was

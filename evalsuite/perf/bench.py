@@ -179,7 +179,8 @@ def _summarise(runs, measured, link, capacity) -> dict:
     # The link as the compute thread saw it in these runs: time per transfer and the wake-up of a
     # waiter (medians over every run that moved experts; the idle-thread hand-off otherwise).
     transfer_s = med([r["transfer_s"] for rs in runs.values() for r in rs if r["transfer_s"]] or [0.0])
-    handoff_s = med([r["handoff_s"] for rs in runs.values() for r in rs if r["handoff_s"]] or [costs.handoff_s])
+    handoff_s = med([r["handoff_s"] for rs in runs.values() for r in rs if r["handoff_s"] is not None]
+                    or [costs.handoff_s])
     # what issuing a prefetch cost the compute thread, as the engine timed it (its scheduler weighs a
     # wrong guess by it; the simulated scheduler must too): median over every run that prefetched
     issued = [r["prefetch_s"] for rs in runs.values() for r in rs if r["prefetch_s"] is not None]

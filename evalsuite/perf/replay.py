@@ -5,7 +5,7 @@ prefetches at the eviction end) and PrefetchScheduler (per-rank online precision
 expected-saving rule, decode-only layer time without stalls), driven by this simulated clock
 instead of the wall clock. What this file models is the control flow around them, step for step
 as Engine.weights_in_order / prefetch / settle_prefetches and PredictionDriver.on_router /
-release_prefetch run it, over a SerialLink (evalsuite.perf.link) instead of the transfer
+release_prefetch run it, over a SerialLink (evalsuite.engine.serial_link) instead of the transfer
 worker. The replay is the engine object the scheduler talks to: `layers`, `cache`,
 `transfers`, `layout`, `prefetch`.
 """
@@ -21,7 +21,7 @@ from ..engine.metrics import Counters, summarise
 from ..engine.modes import MODES, Mode
 from ..engine.scheduler import PrefetchScheduler
 from ..engine.shadows import routing_trace
-from .link import SerialLink
+from ..engine.serial_link import SerialLink
 
 # The simulator's one mode beyond the engine's, its idealised case: router-preserving where every
 # layer's prediction is the native routing and is never put off (with no predictor cost: prediction's

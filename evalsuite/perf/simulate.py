@@ -2,7 +2,7 @@
 
 The simulation replays the engine's decode loop event by event, batch 1 (evalsuite.perf.replay),
 with the engine's own expert cache and prefetch scheduler over a simulated link
-(evalsuite.perf.link):
+(evalsuite.engine.serial_link):
 
   per sparse layer   dense part (attention, norms, router, shared experts); at the router the
                      scheduler scores the prediction made for this layer, this layer's

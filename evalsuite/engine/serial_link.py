@@ -1,4 +1,8 @@
-"""The expert link in simulated time, as evalsuite.engine.transfer serves it.
+"""The expert link as a schedule: one serial link, worked out lazily, in any clock.
+
+The simulator (evalsuite.perf.replay) runs it in simulated time, as the transfer worker
+(evalsuite.engine.transfer) serves copies; an emulated link on the CPU (evalsuite.engine.lazy_link)
+runs it in wall-clock time, with no thread of its own.
 
 One copy moves at a time, in chunks of `chunk_s` seconds of link time. After every chunk the
 link serves the first demand copy, else the first prefetch, so a demand copy submitted while a
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Callable
 
 _EPS = 1e-12  # seconds: float slack when a copy's remaining time reaches zero
 
@@ -37,10 +42,11 @@ class Copy:
 
 
 class SerialLink:
-    def __init__(self, transfer_s: float, chunk_s: float):
+    def __init__(self, transfer_s: float, chunk_s: float, on_land: Callable[[Copy], None] | None = None):
+        """`on_land(copy)` is called as the schedule lands each copy, in landing order."""
         if chunk_s <= 0:
             raise ValueError(f"chunk_s={chunk_s} must be positive")
-        self.transfer_s, self.chunk_s = transfer_s, chunk_s
+        self.transfer_s, self.chunk_s, self.on_land = transfer_s, chunk_s, on_land
         self.demand: deque = deque()  # the moving copy stays at the head of its queue
         self.prefetch: deque = deque()
         self.time = 0.0  # the schedule is settled up to here
@@ -163,4 +169,6 @@ class SerialLink:
             self._queue_of(copy).remove(copy)
             self.unfinished -= 1
             self.landed += 1
+            if self.on_land is not None:
+                self.on_land(copy)
         # else it yielded the link at a chunk boundary and stays at the head of its queue
