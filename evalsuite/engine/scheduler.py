@@ -34,6 +34,7 @@ worth      a prediction is made during decoding only if its candidates' expected
            the compute thread; otherwise (a fast link, a cache that already holds the layer) the
            driver makes it after the request, for recall and precision only (prediction.Later);
            one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
+           A verdict stands until the layer's precisions change (an online prediction scored).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`).
@@ -73,6 +74,7 @@ class PrefetchScheduler:
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
+        self._verdict: dict[int, tuple] = {}  # sparse layer -> (what it rested on, worth_predicting's answer)
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
@@ -112,12 +114,21 @@ class PrefetchScheduler:
         self._asked[layer] = self._asked.get(layer, 0) + 1
         if self._asked[layer] % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
+        # A verdict stands until the precisions it rests on change (an online prediction scored, such as the
+        # exploring one): what else it weighs drifts slowly, and judging anew at every layer of every token
+        # cost more than the rest of a put-off prediction (13 of 23 us here).
+        judged = (self.seen.get(layer, 0), self.missing_scored.get(layer, 0))
+        known = self._verdict.get(layer)
+        if known is not None and known[0] == judged:
+            return known[1]
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
         ahead, gain = engine.transfers.prefetches_queued(), 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(t, max(0.0, self.layer_s * h - (ahead + rank) * t))
             gain += q * max(0.0, p * saved - (1 - p) * wrong_s)
-        return gain > self.predict_s
+        verdict = gain > self.predict_s
+        self._verdict[layer] = (judged, verdict)
+        return verdict
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""

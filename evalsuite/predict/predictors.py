@@ -126,10 +126,12 @@ class OraclePredictor(Predictor):
 
 
 def _ranked_scores(ids: list[int], experts: int, rows: int, device) -> torch.Tensor:
-    """Scores K, K-1, ... for `ids` in order (0 elsewhere), one row per token."""
-    scores = torch.zeros(experts, device=device)
-    scores[torch.tensor(ids, device=device)] = torch.arange(len(ids), 0, -1, dtype=torch.float32, device=device)
-    return scores.expand(rows, -1)
+    """Scores K, K-1, ... for `ids` in order (0 elsewhere), one row per token; built in Python and made a
+    tensor in one call (five tensor ops took 46 us per prediction, more than a learned predictor's call)."""
+    scores = [0.0] * experts
+    for rank, e in enumerate(ids):
+        scores[e] = float(len(ids) - rank)
+    return torch.tensor(scores, device=device).expand(rows, -1)
 
 
 class TraceOraclePredictor(Predictor):
