@@ -61,4 +61,3 @@ def use_link_kind(monkeypatch, kind: str) -> None:
         import importlib
 
         monkeypatch.setattr(importlib.import_module("evalsuite.engine.offload"), "INLINE_MAX_BYTES", LINK_KINDS[kind])
-

@@ -1,7 +1,6 @@
 """The emulated link without a thread: the link's schedule in wall-clock time, data written when a copy
 lands, demand preempting prefetches, cancel and promote, failures as errors, and exact modes through it."""
 import copy
-import importlib
 import time
 
 import pytest
@@ -17,7 +16,6 @@ from .test_exactness import run
 SLOW = Link("slow", 0.1e9, 0.0)  # 100 KB per ms
 SLOWER = Link("slower", 0.01e9, 0.0)  # 10 KB per ms: wide margins for a busy machine's pauses
 ROW = 25_000  # floats: 100 KB, 1 ms of SLOW, 10 ms of SLOWER
-offload_module = importlib.import_module("evalsuite.engine.offload")
 
 
 class RowStore:
