@@ -157,4 +157,26 @@ def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     assert not s.worth_predicting(1, 1)
     s.missing_seen.clear()  # what is known without them: the layer's miss rate says every candidate misses
     s.missing_scored.clear()
+    s._verdict.clear()  # (observe() drops a layer's verdict when its precisions change; these were changed by hand)
     assert s.worth_predicting(1, 1)
+
+
+def test_a_verdict_stands_until_an_observation_changes_the_precisions():
+    """worth_predicting judges a layer once and keeps the answer (it runs at every layer of every token);
+    scoring a prediction for that layer, and only that, makes it judge again."""
+    engine = FakeEngine()
+    engine.layers[0] = SimpleNamespace(index=6)  # sparse layers 6 and 7
+    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
+    engine.miss_rate = lambda layer: 1.0
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 0.2
+    assert s.worth_predicting(1, 1)  # nothing known: every candidate misses, at even odds
+    s.predict_s = 1e9  # what it rests on drifts: the verdict stands
+    assert s.worth_predicting(1, 1)
+    made = candidates([3, 5])
+    s.schedule(0, made, h=1)
+    s.observe(6, made, {3})  # another layer's precisions changed
+    assert s.worth_predicting(1, 1)
+    s.schedule(1, made, h=1)
+    s.observe(7, made, {3})
+    assert not s.worth_predicting(1, 1)

@@ -35,7 +35,10 @@ IMPLEMENTATION = "evalsuite"
 
 
 def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
-    engine, layer = experts._evalsuite
+    engine, layer, pos = experts._evalsuite
+    driver = engine.driver
+    if driver is not None and not driver.at_router:  # the router's input and choice: see PredictionDriver.on_layer
+        driver.on_layer(pos, hidden_states, top_k_index, top_k_weights)
     if engine.cache is None:  # resident: the model's own kernel computes, the engine only counts
         engine.count_resident(layer, torch.unique(top_k_index).tolist())
         out = engine.own_kernel(experts, hidden_states, top_k_index, top_k_weights)
@@ -174,8 +177,8 @@ class Engine(ExpertFetching):
         if self.shadows is not None:
             self.shadows.attach_after()
         self._previous_impl = model.config._experts_implementation
-        for layer in self.layers:
-            layer.experts._evalsuite = (self, layer.index)
+        for pos, layer in enumerate(self.layers):
+            layer.experts._evalsuite = (self, layer.index, pos)
         model.set_experts_implementation(IMPLEMENTATION)
         self._hooks += [model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
                         model.register_forward_hook(self._after_forward)]

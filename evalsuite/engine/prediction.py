@@ -101,8 +101,13 @@ def _read(args, reads) -> list[tuple[torch.Tensor, int]]:
     copies (a copy costs the hot path more than the whole put-off bookkeeping); Later checks it."""
     out = []
     for value in args:
-        tensors = [getattr(value, name) for name in reads] if isinstance(value, LayerState) else [value]
-        out += [(t, t._version) for t in tensors if isinstance(t, torch.Tensor)]
+        if type(value) is LayerState:
+            for name in reads:
+                t = getattr(value, name)
+                if t is not None:
+                    out.append((t, t._version))
+        elif isinstance(value, torch.Tensor):
+            out.append((value, value._version))
     return out
 
 
@@ -145,11 +150,22 @@ class PredictionDriver:
         # what of _can_wait holds for the engine's life (its cache may be rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
+        self.speculating = MODES[mode].speculates
+        self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index
+        last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
+        self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
+                          for pos in range(last + 1)]
+        # A mode that executes its predictions must change the router's output, so it hooks the router. The others
+        # are called by the engine's experts implementation (`on_layer`), which gets the router's input and
+        # choice anyway: a module hook costs every call of its module, and a router-preserving layer whose
+        # prediction is put off costs little more than that hook (docs/performance.md, "What the router hook costs").
+        self.at_router = self.speculating
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
-            if "residual" in predictor.reads:  # a module hook costs every call of the module: only when read
+            if "residual" in predictor.reads:  # only when read, for the same reason
                 self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
-            self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
+            if self.at_router:
+                self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
 
     def _residual_hook(self, pos):
         def hook(module, args):
@@ -160,54 +176,67 @@ class PredictionDriver:
     def _router_hook(self, pos):
         def hook(module, args, output):
             x = args[0]  # [T, H] already in most families: a reshape would still cost a dispatch
-            return self.on_router(pos, module, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), output)
+            return self.on_router(pos, module, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), *output)
         return hook
 
-    def speculates(self, pos: int) -> bool:
-        return (MODES[self.mode].speculates and pos > 0 and self.engine.forward.decoding
-                and self.engine.layers[pos].index not in self.preserve)
+    def on_layer(self, pos: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Sparse layer `pos` routed (its experts implementation was called: `x` is the router's input as
+        [T, H], every family passes its experts the very tensor its router read): on_router without a hook,
+        for modes that execute no prediction (`at_router` False)."""
+        self.on_router(pos, None, x, None, weights, ids)
 
-    def on_router(self, pos, router, x, output):
+    def speculates(self, pos: int) -> bool:
+        return (self.speculating and pos > 0 and self.engine.forward.decoding
+                and self.layer_of[pos] not in self.preserve)
+
+    def on_router(self, pos, router, x, logits, weights, ids):
+        """Sparse layer `pos`'s router chose `ids` (weights `weights`) from `logits` for router input `x`:
+        score the prediction made for it, speculate, settle its prefetches, predict the layer it leads to.
+        Returns the routing to run instead (a speculating layer), or None. Runs at every sparse layer of
+        every token: work that is not always needed stays behind a test."""
         engine, forward = self.engine, self.engine.forward
-        logits, weights, ids = output
         if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
             return None
+        decoding, scheduler = forward.decoding, self.scheduler
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
-            self.predictor.on_token(forward.decoding)
-            first = self.pending.get(0) if forward.decoding else None
+            self.predictor.on_token(decoding)
+            first = self.pending.get(0) if decoding else None
             self.pending = {} if first is None else {0: first}
             self.deferred = None
+            if scheduler is not None and not decoding:
+                scheduler.new_request()
         predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
-        layer = engine.layers[pos].index
+        layer = self.layer_of[pos]
         chosen = None
-        if self.scheduler is not None:
-            if pos == 0 and not forward.decoding:
-                self.scheduler.new_request()
-            self.scheduler.layer_started(pos, forward.decoding)
-            if forward.decoding and isinstance(predicted, tuple):
+        if scheduler is not None:
+            scheduler.layer_started(pos, decoding)
+            if decoding and type(predicted) is tuple:
                 chosen = set(ids.reshape(-1).tolist())
-                self.scheduler.observe(layer, predicted[1], chosen)
+                scheduler.observe(layer, predicted[1], chosen)
         replaced = None
-        # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
-        if predicted is not None and forward.decoding:
-            self.current.setdefault(layer, []).append((predicted, ids, self.rows))
-        if predicted is not None and forward.kinds is not None:
-            for k in self.recall_ks:
-                forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
-        if predicted is not None and self.speculates(pos):
-            ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
-            weights = engine.family.route_weights(router, logits, ids)
-            replaced = (logits, weights, ids)
-            chosen = None
-        if self.scheduler is not None and engine.has_unsettled(layer):
+        if predicted is not None:
+            # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
+            if decoding:
+                self.current.setdefault(layer, []).append((predicted, ids, self.rows))
+            if forward.kinds is not None:
+                for k in self.recall_ks:
+                    forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
+            if self.speculating and self.speculates(pos):
+                ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
+                weights = engine.family.route_weights(router, logits, ids)
+                replaced = (logits, weights, ids)
+                chosen = None
+        if scheduler is not None and engine.has_unsettled(layer):
             # the router decided: wrong guesses leave the link, right ones go first
             engine.settle_prefetches(layer, set(ids.reshape(-1).tolist()) if chosen is None else chosen)
-        target = pos + self.horizon
-        if target < len(engine.layers):
+        target = self.target_of[pos]
+        if target is None:
+            return replaced
+        if target > 0:
             self._predict(target, self.predictor.scores, LayerState(pos, x, self.residual.get(pos), ids, weights),
                           self.horizon)
-        elif pos == len(engine.layers) - 1 and forward.decoding:  # the next token's first sparse layer
+        elif decoding:  # the next token's first sparse layer
             self._predict(0, self.predictor.next_token_scores, x)
         return replaced
 
@@ -220,7 +249,7 @@ class PredictionDriver:
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
-                engine.tracer.predicted(engine.layers[target].index, later.candidates(engine.budget))
+                engine.tracer.predicted(self.layer_of[target], later.candidates(engine.budget))
             return
         begun = time.perf_counter()
         with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
@@ -232,7 +261,7 @@ class PredictionDriver:
             self.scheduler.prediction_took(time.perf_counter() - begun)
         self.pending[target] = prediction
         if engine.tracer is not None:
-            engine.tracer.predicted(engine.layers[target].index, prediction[1])
+            engine.tracer.predicted(self.layer_of[target], prediction[1])
         if self.scheduler is not None and engine.cache is not None:
             # submitted once this layer's own demand loads are queued (release_prefetch):
             # a prefetch already on the link would delay them
@@ -243,7 +272,8 @@ class PredictionDriver:
         scheduler's precision, the trace), so it may be scored after the request: a decode step of
         a stateless predictor, a layer that will not execute it, and a cache that does not read it."""
         forward = self.engine.forward
-        return self.may_wait and forward.decoding and forward.kinds is None and not self.speculates(target)
+        return (self.may_wait and forward.decoding and forward.kinds is None
+                and not (self.speculating and self.speculates(target)))
 
     def release_prefetch(self) -> None:
         """Start the prefetches of the last prediction (the engine calls this after demand loads).

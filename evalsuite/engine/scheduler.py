@@ -74,7 +74,7 @@ class PrefetchScheduler:
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
-        self._verdict: dict[int, tuple] = {}  # sparse layer -> (what it rested on, worth_predicting's answer)
+        self._verdict: dict[int, bool] = {}  # sparse layer -> worth_predicting's answer, until the next observe
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
@@ -106,28 +106,28 @@ class PrefetchScheduler:
         the summed expected saving of its candidates under the send rule, each counted with how
         often that rank's candidate was missing (q; a resident candidate saves nothing), against the
         time one prediction takes. Unknown quantities (before the first measurements) say yes."""
+        if not self.window or self.layer_s is None or self.predict_s is None:
+            return True
         engine = self.engine
         t = engine.transfers.seconds_per_transfer()
-        if not self.window or self.layer_s is None or t is None or self.predict_s is None:
+        if t is None:
             return True
         layer = engine.layers[target_pos].index
-        self._asked[layer] = self._asked.get(layer, 0) + 1
-        if self._asked[layer] % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
+        asked = self._asked[layer] = self._asked.get(layer, 0) + 1
+        if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
-        # A verdict stands until the precisions it rests on change (an online prediction scored, such as the
-        # exploring one): what else it weighs drifts slowly, and judging anew at every layer of every token
-        # cost more than the rest of a put-off prediction (13 of 23 us here).
-        judged = (self.seen.get(layer, 0), self.missing_scored.get(layer, 0))
-        known = self._verdict.get(layer)
-        if known is not None and known[0] == judged:
-            return known[1]
+        # A verdict stands until the precisions it rests on change (observe() drops it: an online prediction
+        # scored, such as the exploring one): what else it weighs drifts slowly, and judging anew at every
+        # layer of every token cost more than the rest of a put-off prediction (13 of 23 us here).
+        verdict = self._verdict.get(layer)
+        if verdict is not None:
+            return verdict
         wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
         ahead, gain = engine.transfers.prefetches_queued(), 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(t, max(0.0, self.layer_s * h - (ahead + rank) * t))
             gain += q * max(0.0, p * saved - (1 - p) * wrong_s)
-        verdict = gain > self.predict_s
-        self._verdict[layer] = (judged, verdict)
+        verdict = self._verdict[layer] = gain > self.predict_s
         return verdict
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
@@ -146,6 +146,7 @@ class PrefetchScheduler:
                 picked[rank] += e in chosen
             self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
+        self._verdict.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""
