@@ -19,7 +19,6 @@ target layer; averaged within a sample (a batch row of a request), then across s
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import dataclass
@@ -93,6 +92,11 @@ class LayerState:
     residual: torch.Tensor  # residual stream after this layer's attention [T, H]
     ids: torch.Tensor  # experts this layer executes [T, K]
     weights: torch.Tensor  # their routing weights [T, K]
+
+
+def _experts_in(ids: torch.Tensor) -> set[int]:
+    """The experts named anywhere in [T, K] `ids` (one tensor call: each costs the hot path a dispatch)."""
+    return {e for row in ids.tolist() for e in row}
 
 
 def _read(args, reads) -> list[tuple[torch.Tensor, int]]:
@@ -212,7 +216,7 @@ class PredictionDriver:
         if scheduler is not None:
             scheduler.layer_started(pos, decoding)
             if decoding and type(predicted) is tuple:
-                chosen = set(ids.reshape(-1).tolist())
+                chosen = _experts_in(ids)
                 scheduler.observe(layer, predicted[1], chosen)
         replaced = None
         if predicted is not None:
@@ -229,7 +233,7 @@ class PredictionDriver:
                 chosen = None
         if scheduler is not None and engine.has_unsettled(layer):
             # the router decided: wrong guesses leave the link, right ones go first
-            engine.settle_prefetches(layer, set(ids.reshape(-1).tolist()) if chosen is None else chosen)
+            engine.settle_prefetches(layer, _experts_in(ids) if chosen is None else chosen)
         target = self.target_of[pos]
         if target is None:
             return replaced
@@ -252,7 +256,10 @@ class PredictionDriver:
                 engine.tracer.predicted(self.layer_of[target], later.candidates(engine.budget))
             return
         begun = time.perf_counter()
-        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
+        if torch.is_grad_enabled():  # (no context manager to enter at every layer when the caller has none)
+            with torch.no_grad():
+                scores = score(*args)
+        else:
             scores = score(*args)
         if scores is None:
             return
@@ -321,7 +328,7 @@ class PredictionDriver:
                 if scores is None:
                     continue  # the predictor had nothing for this step
                 if isinstance(predicted, Later) and self.scheduler is not None:
-                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), set(native.reshape(-1).tolist()))
+                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), _experts_in(native))
                 made.append((scores, native, rows))
             if not made:
                 continue

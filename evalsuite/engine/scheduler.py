@@ -52,8 +52,8 @@ PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from
 def ranked(scores: torch.Tensor, budget: int) -> list[int]:
     """The `budget` experts the prediction is most confident in, most confident first (confidence: the
     router probability summed over the rows; with one row, the order of its scores)."""
-    if scores.shape[0] == 1:
-        return scores[0].topk(min(budget, scores.shape[1])).indices.tolist()
+    if scores.shape[0] == 1:  # (its row taken after the tensor calls: indexing first would be one more)
+        return scores.topk(min(budget, scores.shape[1])).indices.tolist()[0]
     confidence = torch.softmax(scores.float(), dim=-1).sum(dim=0)
     return confidence.topk(min(budget, confidence.numel())).indices.tolist()
 
@@ -177,6 +177,8 @@ class PrefetchScheduler:
         ranked_candidates, candidates = candidates, candidates[: self.budget]
         missing = [(rank, e) for rank, e in enumerate(candidates) if not engine.cache.resident((layer, e))]
         self._scheduled[layer] = (ranked_candidates, missing)  # scored when the router of `layer` decides
+        if not missing:
+            return 0
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
@@ -188,4 +190,6 @@ class PrefetchScheduler:
             saved = min(t, max(0.0, self.layer_s * h - (ahead + len(wanted)) * t))
             if p * saved > (1 - p) * wrong_s:
                 wanted.append(e)
+        if not wanted:
+            return 0
         return engine.prefetch(layer, wanted, keep=candidates)  # in one call: no candidate evicts another

@@ -14,7 +14,12 @@ from ..engine.prediction import LayerState  # noqa: F401  (what predictors read;
 
 def router_logits(router, x: torch.Tensor) -> torch.Tensor:
     bias = getattr(router, "bias", None)
-    return F.linear(x.float(), router.weight.float(), None if bias is None else bias.float())
+    return F.linear(_float(x), _float(router.weight), None if bias is None else _float(bias))
+
+
+def _float(t: torch.Tensor) -> torch.Tensor:
+    """`t.float()`, without the dispatch when `t` is float32 already (predictions run at every layer)."""
+    return t if t.dtype == torch.float32 else t.float()
 
 
 class Predictor:

@@ -31,7 +31,7 @@ def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     bias for the sigmoid routers, the logits (monotonic in the softmax) for DeepSeek-V2."""
     if hasattr(router, "e_score_correction_bias"):
         return logits.float().sigmoid() + router.e_score_correction_bias.float()
-    return logits.float()
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:

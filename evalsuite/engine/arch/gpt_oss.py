@@ -19,7 +19,7 @@ def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tens
 
 def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     """GPT-OSS takes the top-k of the (biased) logits."""
-    return logits.float()
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ def route_weights(router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tens
 
 def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     """Scores whose top-k is the router's choice (softmax is monotonic: the logits)."""
-    return logits.float()
+    return logits if logits.dtype == torch.float32 else logits.float()
 
 
 def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
