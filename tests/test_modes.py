@@ -72,10 +72,12 @@ def test_speculative_with_an_imperfect_predictor_changes_outputs():
     assert changed > 0
 
 
-@pytest.mark.parametrize("mode", ["speculative", "router-preserving"])
-def test_recall_equals_a_trace_based_computation(mode):
-    """Record router inputs and native choices with our own hooks; recompute gate recall."""
-    model = copy.deepcopy(reference_model("glm4_moe"))
+@pytest.mark.parametrize("mode, model_type", [("speculative", "glm4_moe")]
+                         + [("router-preserving", t) for t in sorted(TINY)])
+def test_recall_equals_a_trace_based_computation(mode, model_type):
+    """Record router inputs and native choices with our own hooks; recompute gate recall. Router-preserving
+    reads them from the experts call, not the router (see the next test): in every family, the same."""
+    model = copy.deepcopy(reference_model(model_type))
     layers = arch.sparse_layers(model)
     family = arch.family_of(model)
     seen = {pos: [] for pos in range(len(layers))}
@@ -83,17 +85,27 @@ def test_recall_equals_a_trace_based_computation(mode):
         layer.router.register_forward_hook(
             lambda m, args, out, pos=pos: seen[pos].append((args[0].reshape(-1, args[0].shape[-1]), out[2])))
     ids, mask = batch(1, seed=5)
-    with evalsuite.offload(model, mode=mode, predictor="gate", cache_capacity=0.5) as engine:
-        generate(model, ids, mask, tokens=7)
-        measured = engine.stats()["recall"][2]
+    with evalsuite.offload(model, mode=mode, predictor="gate", cache_capacity=0.5) as engine, torch.no_grad():
+        model.generate(ids, attention_mask=mask, min_new_tokens=7, max_new_tokens=7, do_sample=False, pad_token_id=0)
+        k = layers[0].top_k
+        measured = engine.stats()["recall"][k]
     for pos in range(1, len(layers)):
         decode = list(zip(seen[pos - 1], seen[pos]))[1:]  # drop the prefill
         values = []
         for (x_prev, _), (_, native) in decode:
             router = layers[pos].router
-            predicted = family.selection_scores(router, router_logits(router, x_prev)).topk(2).indices
-            values.append((predicted.unsqueeze(-1) == native.unsqueeze(1)).any(1).sum().item() / 2)
+            predicted = family.selection_scores(router, router_logits(router, x_prev)).topk(k).indices
+            values.append((predicted.unsqueeze(-1) == native.unsqueeze(1)).any(1).sum().item() / k)
         assert measured["layers"][layers[pos].index] == pytest.approx(sum(values) / len(values), abs=1e-6)
+
+
+def test_only_a_mode_that_replaces_the_routing_hooks_the_routers():
+    """A module hook costs every call of its module: modes that execute no prediction are driven from the
+    engine's experts implementation, and only speculating modes hook the router (to replace its output)."""
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    for mode, hooked in (("router-preserving", False), ("resident", False), ("speculative", True)):
+        with evalsuite.offload(model, mode=mode, predictor="gate", cache_capacity=0.5) as engine:
+            assert [bool(layer.router._forward_hooks) for layer in engine.layers] == [hooked] * len(engine.layers)
 
 
 def test_preserving_every_layer_makes_hybrid_exact():

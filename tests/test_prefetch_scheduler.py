@@ -171,7 +171,7 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s, s.predict_s = 10.0, 0.2
     assert s.worth_predicting(1, 1)  # nothing known: every candidate misses, at even odds
-    s.predict_s = 1e9  # what it rests on drifts: the verdict stands
+    engine.prefetch_cost_s = 100.0  # what it rests on drifts (a wrong guess now costs more than a copy saves)
     assert s.worth_predicting(1, 1)
     made = candidates([3, 5])
     s.schedule(0, made, h=1)
@@ -180,3 +180,20 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     s.schedule(1, made, h=1)
     s.observe(7, made, {3})
     assert not s.worth_predicting(1, 1)
+
+
+def test_no_prediction_is_explored_where_even_a_perfect_one_could_not_pay():
+    """A candidate saves at most its copy (t): where every candidate right and missing would still save less
+    than the prediction costs, precision cannot change the verdict, so none is made online to learn it; a
+    prediction that could pay with better precision is still explored once in EXPLORE_EVERY."""
+    from evalsuite.engine.scheduler import EXPLORE_EVERY
+
+    engine = FakeEngine()  # 1 s per copy
+    engine.miss_rate = lambda layer: 1.0
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 10.0
+    s.predict_s = 2.0  # two copies' worth: only a perfect prediction breaks even, so none pays
+    assert not any(s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY))
+    s.predict_s = 1.9  # a perfect prediction would pay; one at even odds does not
+    made = [s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY)]
+    assert sum(made) == 3 and made[EXPLORE_EVERY - 1]

@@ -159,10 +159,10 @@ class PredictionDriver:
         last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
         self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
                           for pos in range(last + 1)]
-        # A mode that executes its predictions must change the router's output, so it hooks the router. The others
-        # are called by the engine's experts implementation (`on_layer`), which gets the router's input and
-        # choice anyway: a module hook costs every call of its module, and a router-preserving layer whose
-        # prediction is put off costs little more than that hook (docs/performance.md, "What the router hook costs").
+        # A mode that executes its predictions must change the router's output, so it hooks the router. The
+        # others are called by the engine's experts implementation (`on_layer`), which gets the router's input
+        # and choice anyway: a module hook costs every call of its module, and where predictions are put off
+        # that cost is much of the rest (docs/performance.md, "What the per-layer path costs").
         self.at_router = self.speculating
         self.hooks = []
         for pos, layer in enumerate(engine.layers):

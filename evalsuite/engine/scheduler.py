@@ -33,7 +33,10 @@ worth      a prediction is made during decoding only if its candidates' expected
            rule's margins, each times q) exceeds what the prediction itself costs
            the compute thread; otherwise (a fast link, a cache that already holds the layer) the
            driver makes it after the request, for recall and precision only (prediction.Later);
-           one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current.
+           one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current,
+           unless no precision could make it pay: every candidate right and missing would save at most
+           budget · min(t, layer_s·h), and where that is below the prediction's cost (a copy shorter than
+           a prediction, as on a fast link with tiny experts) none is made online at all.
            A verdict stands until the layer's precisions change (an online prediction scored).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
@@ -112,6 +115,8 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if t is None:
             return True
+        if self.budget * min(t, self.layer_s * h) <= self.predict_s:
+            return False  # even every candidate missing and right would save less: nothing to learn by exploring
         layer = engine.layers[target_pos].index
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
