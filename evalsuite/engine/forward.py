@@ -4,8 +4,9 @@ engine's hooks read.
 The engine makes a new one each time the model is called (`Engine._before_forward`) and holds it
 as `engine.forward` until the next call; the oracle's look-ahead pass runs with its own copy
 (`looking_ahead=True`) and the engine puts the real one back after it. The hooks that read it:
-the prediction driver and the shadow predictors (router hooks), the trace recorder, the expert
-implementation's counting by token kind, and the perf probes (evalsuite.perf.costs).
+the prediction driver (from the experts implementation, or a router hook in speculating modes), the
+shadow predictors (router hooks), the trace recorder, the expert implementation's counting by token
+kind, and the perf probes (evalsuite.perf.costs).
 Everything else the engine keeps (cache, record, pending predictions) spans forward passes.
 """
 from __future__ import annotations

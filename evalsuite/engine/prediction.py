@@ -1,4 +1,5 @@
-"""Execution modes with expert prediction, as hooks on every sparse layer's router.
+"""Execution modes with expert prediction, run at every sparse layer's router (a forward hook on the router
+where the mode replaces its output, else from the engine's experts implementation: PredictionDriver).
 
 router-preserving  the prediction only starts transfers; the native router decides what runs
                    (output bit-identical to resident for every predictor).
