@@ -36,6 +36,23 @@ def test_untrained_adapter_predicts_like_the_gate():
     assert torch.equal(adapter, gate)  # B starts at zero
 
 
+def test_a_quasi_prediction_runs_no_hook_of_the_norm_it_applies():
+    """The quasi state goes through the next layer's norm: its forward alone, so the hooks on that norm (which
+    record the residual stream the model passes it) neither run nor record the quasi state."""
+    model = reference_model("qwen3_moe")
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    quasi = build_predictor("quasi", layers, family, artifact_for("qwen3_moe"))
+    state = LayerState(0, torch.randn(3, 64), torch.randn(3, 64), torch.tensor([[0, 1], [2, 3], [4, 5]]),
+                       torch.rand(3, 2))
+    seen = []
+    hook = layers[1].norm.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        scores = quasi.scores(state, 1)
+    finally:
+        hook.remove()
+    assert seen == [] and scores.shape == (3, 8)
+
+
 def test_artifact_round_trip(tmp_path):
     art = artifact_for("deepseek_v3")
     path = str(tmp_path / "predictor.safetensors")

@@ -66,9 +66,12 @@ class QuasiPredictor(Predictor):
 
     def quasi_state(self, state: LayerState) -> torch.Tensor:
         vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
-        d = (state.weights.float().unsqueeze(-1) * vectors[state.ids]).sum(dim=1)
+        d = (_float(state.weights).unsqueeze(-1) * vectors[state.ids]).sum(dim=1)
         norm = self.layers[state.pos + 1].norm
-        return norm((state.residual.float() + d).to(state.residual.dtype))
+        q = _float(state.residual) + d
+        # its forward, not a module call: the call would also run the hooks on that norm (the engine's, which
+        # record the residual stream the model passes it), costing time and recording this state as if it were
+        return norm.forward(q if q.dtype == state.residual.dtype else q.to(state.residual.dtype))
 
     def scores(self, state, h):
         target = state.pos + 1
@@ -83,7 +86,7 @@ class EstimatorPredictor(QuasiPredictor):
 
     def scores(self, state, h):
         w1, b1, w2, b2 = self.artifact.estimator(self.layers[state.pos].index)
-        hidden = F.gelu(F.linear(self.quasi_state(state).float(), w1, b1))
+        hidden = F.gelu(F.linear(_float(self.quasi_state(state)), w1, b1))
         return self._from_logits(state.pos + 1, F.linear(hidden, w2, b2))
 
 
@@ -95,7 +98,7 @@ class AdapterPredictor(Predictor):
     def scores(self, state, h):
         target = state.pos + h
         a, b = self.artifact.adapter(self.layers[state.pos].index, h)
-        logits = router_logits(self.layers[target].router, state.x) + F.linear(F.linear(state.x.float(), a), b)
+        logits = router_logits(self.layers[target].router, state.x) + F.linear(F.linear(_float(state.x), a), b)
         return self._from_logits(target, logits)
 
 
