@@ -182,10 +182,11 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     assert not s.worth_predicting(1, 1)
 
 
-def test_no_prediction_is_explored_where_even_a_perfect_one_could_not_pay():
+def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     """A candidate saves at most its copy (t): where every candidate right and missing would still save less
-    than the prediction costs, precision cannot change the verdict, so none is made online to learn it; a
-    prediction that could pay with better precision is still explored once in EXPLORE_EVERY."""
+    than the prediction costs, precision cannot change the verdict, only a cheaper prediction can, so one in
+    EXPLORE_EVERY² is made online (to measure its cost); a prediction that could pay with better precision is
+    explored once in EXPLORE_EVERY."""
     from evalsuite.engine.scheduler import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
@@ -193,7 +194,9 @@ def test_no_prediction_is_explored_where_even_a_perfect_one_could_not_pay():
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s = 10.0
     s.predict_s = 2.0  # two copies' worth: only a perfect prediction breaks even, so none pays
-    assert not any(s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY))
-    s.predict_s = 1.9  # a perfect prediction would pay; one at even odds does not
+    made = [s.worth_predicting(1, 1) for _ in range(2 * EXPLORE_EVERY ** 2)]
+    assert sum(made) == 2 and made[EXPLORE_EVERY ** 2 - 1]
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 1.9  # a perfect prediction would pay; one at even odds does not
     made = [s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY)]
     assert sum(made) == 3 and made[EXPLORE_EVERY - 1]

@@ -36,7 +36,8 @@ worth      a prediction is made during decoding only if its candidates' expected
            one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current,
            unless no precision could make it pay: every candidate right and missing would save at most
            budget · min(t, layer_s·h), and where that is below the prediction's cost (a copy shorter than
-           a prediction, as on a fast link with tiny experts) none is made online at all.
+           a prediction, as on a fast link with tiny experts) one in EXPLORE_EVERY² is made online, which
+           keeps that cost measured (it could fall) at an eighth of the price.
            A verdict stands until the layer's precisions change (an online prediction scored).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
@@ -115,10 +116,12 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if t is None:
             return True
-        if self.budget * min(t, self.layer_s * h) <= self.predict_s:
-            return False  # even every candidate missing and right would save less: nothing to learn by exploring
         layer = engine.layers[target_pos].index
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
+        if self.budget * min(t, self.layer_s * h) <= self.predict_s:
+            # even every candidate missing and right would save less: precision cannot turn the verdict, only a
+            # cheaper prediction can (predict_s, measured on online ones), so it is measured far less often
+            return asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0
         if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
         # A verdict stands until the precisions it rests on change (observe() drops it: an online prediction
