@@ -9,6 +9,8 @@ from evalsuite.engine import arch
 from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
 from evalsuite.predict.calibrate import calibrate
+from evalsuite.predict.predictors import fused_norm
+from evalsuite.zoo.tiny import TINY
 from evalsuite.engine.prediction import LayerState
 
 from .helpers import reference_model
@@ -51,6 +53,45 @@ def test_a_quasi_prediction_runs_no_hook_of_the_norm_it_applies():
     finally:
         hook.remove()
     assert seen == [] and scores.shape == (3, 8)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_the_quasi_state_is_the_norm_of_the_residual_plus_the_weighted_default_vectors(model_type):
+    """q = LN_{p+1}(r_p + sum_e w_e v_e), computed the plain way with the norm's own forward, in every family
+    (the predictor's fused calls must compute the same, to rounding)."""
+    model = reference_model(model_type)
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    art = artifact_for(model_type)
+    quasi = build_predictor("quasi", layers, family, art)
+    g = torch.Generator().manual_seed(0)
+    hidden, experts = layers[0].router.weight.shape[1], layers[0].num_experts
+    ids = torch.stack([torch.randperm(experts, generator=g)[:2] for _ in range(3)])
+    state = LayerState(0, torch.randn(3, hidden, generator=g), torch.randn(3, hidden, generator=g), ids,
+                       torch.rand(3, 2, generator=g))
+    vectors = art.default_vectors(layers[0].index)
+    with torch.no_grad():
+        plain = layers[1].norm.forward(state.residual + (state.weights.unsqueeze(-1) * vectors[ids]).sum(dim=1))
+        assert torch.allclose(quasi.quasi_state(state), plain, rtol=1e-5, atol=1e-6)
+
+
+class _OffsetNorm(torch.nn.Module):
+    """An RMS norm scaled by (1 + weight), as Gemma's: not what `F.rms_norm` computes."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight, self.variance_epsilon = torch.nn.Parameter(torch.randn(width)), 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)
+
+
+def test_the_fused_norm_is_used_only_where_it_computes_what_the_norm_does():
+    rms = reference_model("qwen3_moe").model.layers[1].post_attention_layernorm
+    x = torch.randn(4, rms.weight.shape[0])
+    with torch.no_grad():
+        assert fused_norm(rms) is not rms.forward and torch.allclose(fused_norm(rms)(x), rms.forward(x))
+        for other in (_OffsetNorm(64), torch.nn.LayerNorm(64)):
+            assert fused_norm(other) == other.forward  # kept: F.rms_norm would compute something else
 
 
 def test_artifact_round_trip(tmp_path):

@@ -22,6 +22,29 @@ def _float(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float32 else t.float()
 
 
+def fused_norm(norm):
+    """What `norm` computes, as one call where that is an RMS norm (`F.rms_norm`: one call where the
+    families' norms make eight), else its `forward`. Never a module call: that would also run the hooks
+    on the norm (the engine's, which record the residual stream the model passes it), costing time and
+    recording a prediction's state as if it were the model's. The fused call is used only where it
+    agrees with the norm's own forward on a probe, to the rounding of the norm's dtype: a norm of another
+    form (a LayerNorm, an offset weight as in Gemma) keeps its forward."""
+    weight = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or weight.is_meta or not isinstance(eps, float):
+        return norm.forward
+    shape = (weight.shape[0],)
+
+    def rms_norm(x):
+        return F.rms_norm(x, shape, weight, eps)
+
+    probe = torch.randn(3, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype) * 3
+    with torch.no_grad():
+        own, fused = norm.forward(probe).float(), rms_norm(probe).float()
+    tolerance = 4 * torch.finfo(weight.dtype).eps
+    return rms_norm if torch.allclose(fused, own, rtol=tolerance, atol=tolerance) else norm.forward
+
+
 class Predictor:
     name = ""
     horizons = (1,)  # how far ahead it can predict
@@ -64,14 +87,27 @@ class QuasiPredictor(Predictor):
 
     name, parts, reads = "quasi", ("default_vectors",), ("residual", "ids", "weights")
 
+    def __init__(self, layers, family, artifact=None):
+        super().__init__(layers, family, artifact)
+        self._norms: dict[int, object] = {}  # position -> the function its norm computes (fused_norm)
+        self._offsets: dict[torch.Size, torch.Tensor] = {}  # ids' shape -> where each row's ids start, flat
+
     def quasi_state(self, state: LayerState) -> torch.Tensor:
         vectors = self.artifact.default_vectors(self.layers[state.pos].index)  # [E, H] float32
-        d = (_float(state.weights).unsqueeze(-1) * vectors[state.ids]).sum(dim=1)
-        norm = self.layers[state.pos + 1].norm
+        # the weighted sum of each row's default vectors in one call (a gather, a product and a sum took three),
+        # on flat ids with the rows' offsets kept (given 2-d ids, embedding_bag builds them at every call)
+        ids = state.ids
+        offsets = self._offsets.get(ids.shape)
+        if offsets is None or offsets.device != ids.device:
+            offsets = self._offsets[ids.shape] = torch.arange(0, ids.numel(), ids.shape[1], device=ids.device)
+        d = F.embedding_bag(ids.reshape(-1), vectors, offsets, mode="sum",
+                            per_sample_weights=_float(state.weights).reshape(-1))
         q = _float(state.residual) + d
-        # its forward, not a module call: the call would also run the hooks on that norm (the engine's, which
-        # record the residual stream the model passes it), costing time and recording this state as if it were
-        return norm.forward(q if q.dtype == state.residual.dtype else q.to(state.residual.dtype))
+        pos = state.pos + 1
+        norm = self._norms.get(pos)
+        if norm is None:
+            norm = self._norms[pos] = fused_norm(self.layers[pos].norm)
+        return norm(q if q.dtype == state.residual.dtype else q.to(state.residual.dtype))
 
     def scores(self, state, h):
         target = state.pos + 1
