@@ -164,7 +164,10 @@ class SerialLink:
         self.time, self.moving, self.stop_at = end, None, None
         if copy.cancelled:
             self.unfinished -= 1
-        elif copy.left <= _EPS:
+        elif copy.left <= _EPS or end + copy.left <= end:
+            # (the second: what is left is below the clock's resolution at `end`, above _EPS on a wall clock
+            # read as seconds since boot from 2**13 s, 2.3 hours, on: a run towards it would end where it
+            # started, and `finish` would wait for that copy for ever)
             copy.left, copy.landed_at = 0.0, end
             self._queue_of(copy).remove(copy)
             self.unfinished -= 1
