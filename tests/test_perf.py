@@ -11,6 +11,7 @@ from evalsuite.perf.bench import bench_model
 from evalsuite.perf.profiles import costs, load_profile, profile_names
 from evalsuite.perf.shapes import MODELS, model_shape, random_model
 from evalsuite.perf.replay import executed_experts
+from evalsuite.engine.arch import sparse_layers
 from evalsuite.engine.trace import RoutingTrace
 
 from .helpers import LINK_KINDS, reference_model, use_link_kind
@@ -275,6 +276,22 @@ def test_a_prediction_costs_at_least_the_call_the_engine_times():
     ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
     _, cases, _ = measure_costs(model, ids, 5, 1, predicting=[("gate", "router-preserving", "gate", None)])
     assert cases["gate"]["call"] > 0 and cases["gate"]["per_prediction"] >= cases["gate"]["call"]
+
+
+def test_a_cases_extra_time_is_shared_by_a_prediction_at_every_sparse_layer(monkeypatch):
+    """A decode step predicts at every sparse layer (the last one the next token's first), so what a predicting
+    case adds per step over on-demand, divided by the sparse layers, is what one prediction costs."""
+    from evalsuite.perf import costs as costs_module
+
+    def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand 10 ms a step, gate 2 ms more
+        return (0.010, None) if predictor is None else (0.012, 0.0001)
+
+    monkeypatch.setattr(costs_module, "_warm_tpot", warm)
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    layers = len(sparse_layers(model))
+    _, cases, _ = costs_module.measure_costs(model, ids, 3, 1, predicting=[("gate", "router-preserving", "gate", None)])
+    assert cases["gate"]["per_prediction"] == pytest.approx(0.002 / layers)
 
 
 @pytest.mark.parametrize("kind", LINK_KINDS)

@@ -142,7 +142,8 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         # a difference of two noisy TPOTs can come out below what the predictor's own call takes (or at 0):
         # a prediction costs at least that call, which the engine times directly
         call = med(calls[label]) if label in calls else 0.0
-        case_costs[label] = {"per_prediction": max(extra / max(1, len(layers) - 1), call), "call": call}
+        # one prediction per sparse layer per decode step: the last one predicts the next token's first
+        case_costs[label] = {"per_prediction": max(extra / len(layers), call), "call": call}
     return costs, case_costs, (med(attention) if None not in attention else None)
 
 
