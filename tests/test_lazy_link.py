@@ -45,6 +45,24 @@ def test_a_copy_lands_after_its_link_time_and_only_then_is_in_its_slot():
     assert link.seconds_per_transfer() == pytest.approx(10e-3)  # the link's figure, kept
 
 
+def test_a_wait_spins_and_sleeps_only_what_exceeds_the_spin_time(monkeypatch):
+    """A waiting thread keeps its core (a slept one comes back to slower compute on these VMs), except
+    for the part of a long wait beyond SPIN_S."""
+    import evalsuite.engine.lazy_link as lazy_link
+
+    slept = []
+    monkeypatch.setattr(lazy_link.time, "sleep", lambda s: (slept.append(s), time.perf_counter_ns()))
+    link = LazyLink(RowStore(rows(1)), SLOWER)  # a 10 ms copy, longer than any wait on a tiny SD-card expert
+    link.submit(0, torch.zeros(ROW)).wait(10)
+    assert slept == []
+    monkeypatch.setattr(lazy_link, "SPIN_S", 0.004)
+    link = LazyLink(RowStore(rows(1)), SLOWER)
+    start = time.perf_counter()
+    link.submit(0, torch.zeros(ROW)).wait(10)
+    assert time.perf_counter() - start >= 10e-3  # the fake sleep returns at once: the rest was spun
+    assert len(slept) >= 1 and slept[0] <= 10e-3 - 0.004 + 1e-4
+
+
 def test_a_demand_load_preempts_a_moving_prefetch_at_the_next_chunk():
     link = LazyLink(RowStore(rows(2)), SLOWER, chunk_bytes=10_000)  # 1 ms chunks of 10 ms copies
     dst = torch.zeros(2, ROW)

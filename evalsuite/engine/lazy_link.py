@@ -6,8 +6,13 @@ serves the same schedule: chunks of about 1 ms of link time, demand loads first,
 preempting a moving prefetch at the next chunk boundary, the latency folded into the chunks.
 A copy's data is written into its slot when the schedule lands it, by whichever call of the
 compute thread finds it landed: a cancelled copy never writes its slot. A thread that waits for
-a copy sleeps until the copy's landing time, then spins the last SPIN_S, so the link's time is
-its figure and not the wake-up of a sleep (which overshoots by ~0.1 ms on these machines).
+a copy spins until the copy's landing time (sleeping only the part of a wait beyond SPIN_S): the
+link's time is then its figure, not the wake-up of a sleep (which overshoots by ~0.1 ms on these
+machines), and the compute after a wait loses less speed. A thread that sleeps gives its core
+back, and on these VMs the compute after it ran slower: tiny-qwen3-moe on the SD card at
+25 %, on-demand's TPOT measured 3.56 resident TPOTs with waits slept and 3.48 with them spun (30
+alternating rounds; docs/performance.md, "The link"). CUDA's host thread, waiting on the device,
+spins as well by default (cudaDeviceScheduleAuto, with fewer contexts than cores).
 
 Why without a thread: every wake-up of a worker thread takes the GIL from the compute thread.
 On an emulated fast link a tiny model's expert copy is shorter than those hand-offs: on ufs4 a
@@ -29,7 +34,7 @@ from .serial_link import Copy, SerialLink
 from .transfer import Link, TransferCancelled, TransferError, default_chunk_bytes
 
 INLINE_MAX_BYTES = 2**20  # an expert this small copies in less time than a thread hand-off
-SPIN_S = 3e-4  # the last part of a wait is spun, not slept: a sleep overshoots by ~0.1 ms here
+SPIN_S = 0.02  # a wait is spun, not slept, for its last 20 ms (every wait on a tiny model's SD-card link)
 
 
 class _Landed:
@@ -170,10 +175,11 @@ class LazyLink:
             self.schedule.advance(time.perf_counter())
 
     def _finish(self, transfer: LazyTransfer, timeout: float) -> None:
-        """Return once `transfer` landed (sleeping, then spinning, until its landing time), failed,
-        or was cancelled. The schedule is run ahead to the landing at once: the caller only waits
-        meanwhile, so nothing can change it (a wait that times out leaves it ahead of the clock, with
-        the copies before this one landed early; the engine fails the request then)."""
+        """Return once `transfer` landed (spinning until its landing time, after sleeping any part of
+        the wait beyond SPIN_S), failed, or was cancelled. The schedule is run ahead to the landing at
+        once: the caller only waits meanwhile, so nothing can change it (a wait that times out leaves
+        it ahead of the clock, with the copies before this one landed early; the engine fails the
+        request then)."""
         self._advance()
         copy = transfer.copy
         if copy.landed_at is not None or copy.cancelled:
