@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import evalsuite
+from evalsuite.engine import lazy_link
 from evalsuite.engine.lazy_link import LazyLink
 from evalsuite.engine.transfer import Link, TransferCancelled, TransferError, TransferWorker
 
@@ -48,8 +49,6 @@ def test_a_copy_lands_after_its_link_time_and_only_then_is_in_its_slot():
 def test_a_wait_spins_and_sleeps_only_what_exceeds_the_spin_time(monkeypatch):
     """A waiting thread keeps its core (a slept one comes back to slower compute on these VMs), except
     for the part of a long wait beyond SPIN_S."""
-    import evalsuite.engine.lazy_link as lazy_link
-
     slept, sleep = [], time.sleep
     monkeypatch.setattr(lazy_link.time, "sleep", lambda s: (slept.append(s), sleep(s)))
     link = LazyLink(RowStore(rows(1)), SLOWER)  # a 10 ms copy: a tiny expert's on the SD card is 3.2 ms
