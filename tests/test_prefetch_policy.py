@@ -211,3 +211,57 @@ def test_on_a_slow_link_predictions_are_made_and_sent_online():
         s, put_off = engine.stats(), engine.driver.put_off - first
     predictions = 23 * len(engine.layers)
     assert s["prefetches"] > 0 and put_off < predictions / 3
+
+
+def test_the_miss_rate_the_scheduler_starts_from_counts_decode_uses_only():
+    """A prefill starts on a cold cache: counting its misses would keep the rate high long after the
+    cache warmed. With every expert fitting, a decode use misses only the first time its expert runs."""
+    model, ids, mask, _ = copy_and_reference(rows=1, tokens=12)
+    with evalsuite.offload(model, mode="on-demand", cache_capacity="all", trace=True) as engine, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        trace = engine.routing_trace()
+        rates = {layer: engine.miss_rate(layer) for layer in trace.layers}
+    (_, prefill), = trace.prefills
+    for pos, layer in enumerate(trace.layers):
+        seen, uses, missed = set(prefill[pos]), 0, 0
+        for step in trace.steps:
+            for e in step[pos].native:
+                uses, missed, seen = uses + 1, missed + (e not in seen), seen | {e}
+        assert rates[layer] == missed / uses
+
+
+def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches(monkeypatch):
+    """The scheduler weighs what a prediction made online costs the compute thread beyond one put off: the
+    driver times the whole online path (predictor, ranking, scheduling) on its clock, and leaves out issuing
+    the prefetches, which the scheduler weighs per prefetch (Engine.prefetch_cost_s)."""
+    from types import SimpleNamespace
+
+    from evalsuite.engine import prediction
+
+    clock = [0.0]
+    monkeypatch.setattr(prediction, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    model, ids, mask, _ = copy_and_reference(rows=1, tokens=8)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.25) as engine, \
+            torch.no_grad():
+        scheduler, prefetch, schedule = engine.driver.scheduler, engine.prefetch, engine.driver.scheduler.schedule
+        issued = []
+
+        def issue(*args, **kwargs):  # issuing takes 1 s of the driver's clock, all of it counted as issuing
+            clock[0] += 1.0
+            engine.prefetch_work_s += 1.0
+            issued.append(prefetch(*args, **kwargs))
+            return issued[-1]
+
+        def scheduling(*args, **kwargs):  # the scheduler's own work: 0.25 s
+            clock[0] += 0.25
+            return schedule(*args, **kwargs)
+
+        def put_off(target, h):  # every other prediction is put off, which takes 0.125 s
+            clock[0] += 0.125
+            return len(issued) % 2 == 0
+
+        engine.prefetch, scheduler.schedule, scheduler.worth_predicting = issue, scheduling, put_off
+        model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert sum(issued) > 0 and engine.driver.put_off > 0
+    assert abs(scheduler.predict_s - 0.375) < 1e-3  # the worth test and scheduling; issuing left out
+    assert abs(scheduler.put_off_s - 0.125) < 1e-9 and abs(scheduler.online_cost_s() - 0.25) < 1e-3

@@ -66,6 +66,35 @@ def test_layer_time_is_decode_only_and_leaves_out_stalls(monkeypatch):
     assert s.layer_s is None
 
 
+
+def test_the_next_token_s_first_layer_gets_the_measured_time_from_the_last_layer(monkeypatch):
+    """The last sparse layer predicts the next token's first one: between the two routers run the LM head,
+    sampling and the layers before the first sparse one, far more than one layer_s. It is measured the same
+    way (decode only, stalls out), and is that prediction's lead; the others keep layer_s."""
+    engine = FakeEngine()  # two sparse layers
+    s = PrefetchScheduler(engine, budget=2)
+    for pos, t in ((0, 10.0), (1, 10.2)):
+        at(monkeypatch, t)
+        s.layer_started(pos, decoding=True)
+    assert s.wrap_s is None and s.lead_s(0, 1) == s.layer_s  # not measured yet: one layer's time
+    engine.stalled_s += 0.1  # the first layer of the next token waited 0.1 s for a copy
+    at(monkeypatch, 10.9)
+    s.layer_started(0, decoding=True)
+    assert abs(s.wrap_s - 0.6) < 1e-9 and abs(s.layer_s - 0.2) < 1e-9
+    assert s.lead_s(0, 1) == s.wrap_s and s.lead_s(1, 1) == s.layer_s
+    s.new_request()
+    assert s.wrap_s is None
+
+
+def test_the_longer_lead_of_the_next_token_s_first_layer_lets_a_copy_behind_another_go():
+    """One prefetch is queued ahead (a 1 s copy): a candidate behind it starts 1 s after the demand loads.
+    Within a token (0.5 s to the next router) it would save nothing; across tokens (1.5 s) it saves half."""
+    engine = FakeEngine(prefetches_queued=1)
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.wrap_s = 0.5, 1.5
+    assert s.schedule(1, candidates([3, 5]), h=1) == 0
+    assert s.schedule(0, candidates([3, 5]), h=1) >= 1 and engine.sent[-1][0] == 3
+
 def test_a_copy_that_lands_after_the_layer_starts_still_goes():
     engine = FakeEngine()
     s = PrefetchScheduler(engine, budget=2)
@@ -121,6 +150,31 @@ def test_a_prefetch_whose_issue_costs_more_than_it_could_save_is_not_sent():
     s.schedule(1, candidates([2, 4]), h=1)
     assert engine.sent[-1] == [2, 4]
 
+
+
+def test_a_wrong_guess_is_charged_half_a_chunk_of_the_demand_loads_time():
+    """A wrong prefetch delays the demand loads only if it is still moving when its router cancels it, and
+    then by what is left of its chunk: half a chunk on average. A candidate at even odds that would hide
+    three quarters of a chunk (the chunk: 10 ms of a 1 s copy) is worth sending."""
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 0.0075
+    assert s.schedule(1, candidates([3, 5]), h=1) == 1 and engine.sent == [[3]]
+
+
+def test_a_prediction_is_weighed_by_what_it_costs_beyond_putting_it_off():
+    """Putting a prediction off costs the compute thread something too (the worth test, keeping its state):
+    what making it online saves must exceed only the difference. At even odds two 1 s copies are expected to
+    save about 1 s: a prediction of 1.2 s does not pay, unless putting it off costs 0.5 s."""
+    engine = FakeEngine()
+    engine.miss_rate = lambda layer: 1.0
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 1.2
+    assert not s.worth_predicting(1, 1)
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 1.2
+    s.put_off_took(0.5)
+    assert s.online_cost_s() == 1.2 - 0.5 and s.worth_predicting(1, 1)
 
 def test_a_missing_candidate_is_judged_by_how_often_missing_candidates_were_right():
     """Only candidates missing from the cache are sent, and with a large cache what a predictor gets

@@ -134,7 +134,8 @@ class Engine(ExpertFetching):
         self._prefetched: set = set()  # prefetched experts not yet used
         self._unsettled: dict = {}  # sparse layer -> {its prefetches sent since its router last settled them}
         self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
-        self._prefetch_s, self._prefetch_n = 0.0, 0
+        self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed] (miss_rate)
+        self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
         predictor = predictor or MODES[mode].predictor  # resident takes one only when given: it measures recall

@@ -248,15 +248,16 @@ class PredictionDriver:
     def _predict(self, target: int, score, *args) -> None:
         """Predict sparse layer `target` (`score(*args)`) now, or, when the scheduler finds that no
         prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends."""
-        engine = self.engine
-        if self._can_wait(target) and not self.scheduler.worth_predicting(target, self.horizon if target else 1):
+        engine, scheduler = self.engine, self.scheduler
+        begun = time.perf_counter()
+        if self._can_wait(target) and not scheduler.worth_predicting(target, self.horizon if target else 1):
             later = Later(functools.partial(score, *args), _read(args, self.predictor.reads))
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
                 engine.tracer.predicted(self.layer_of[target], later.candidates(engine.budget))
+            scheduler.put_off_took(time.perf_counter() - begun)
             return
-        begun = time.perf_counter()
         if torch.is_grad_enabled():  # (no context manager to enter at every layer when the caller has none)
             with torch.no_grad():
                 scores = score(*args)
@@ -265,15 +266,19 @@ class PredictionDriver:
         if scores is None:
             return
         prediction = (scores, ranked(scores, engine.budget))
-        if self.scheduler is not None:
-            self.scheduler.prediction_took(time.perf_counter() - begun)
         self.pending[target] = prediction
         if engine.tracer is not None:
             engine.tracer.predicted(self.layer_of[target], prediction[1])
-        if self.scheduler is not None and engine.cache is not None:
-            # submitted once this layer's own demand loads are queued (release_prefetch):
-            # a prefetch already on the link would delay them
-            self.deferred = (target, prediction)
+        if scheduler is None:
+            return
+        # what the scheduler weighs is a decode step's prediction (a prefill's scores many rows at once)
+        spent = time.perf_counter() - begun if engine.forward.decoding else None
+        if engine.cache is not None:
+            # submitted once this layer's own demand loads are queued (release_prefetch), which also reports
+            # the prediction's cost: a prefetch already on the link would delay them
+            self.deferred = (target, prediction, spent)
+        elif spent is not None:
+            scheduler.prediction_took(spent)
 
     def _can_wait(self, target: int) -> bool:
         """Whether the prediction for `target` serves only prefetching and the record (recall, the
@@ -289,14 +294,22 @@ class PredictionDriver:
         set (the union over rows, whatever the budget) goes at once at demand priority, behind
         this layer's own loads, with no window test; other layers go through the scheduler."""
         if self.deferred is not None:
-            target, (scores, candidates) = self.deferred
+            target, (scores, candidates), spent = self.deferred
             self.deferred = None
             if self.speculates(target):
                 top_k = self.engine.layers[target].top_k
                 chosen = scores.topk(min(top_k, scores.shape[1]), dim=-1).indices.unique().tolist()
                 self.engine.prefetch(self.engine.layers[target].index, chosen, demand=True)
+                if spent is not None:
+                    self.scheduler.prediction_took(spent)
             else:
+                # what scheduling costs the compute thread is the prediction's too; issuing the prefetches is
+                # not (Engine.prefetch_cost_s, which the scheduler weighs separately)
+                begun, issuing = time.perf_counter(), self.engine.prefetch_work_s
                 self.scheduler.schedule(target, candidates, self.horizon if target > 0 else 1)
+                if spent is not None:
+                    self.scheduler.prediction_took(spent + time.perf_counter() - begun
+                                                   - (self.engine.prefetch_work_s - issuing))
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Between decode steps, the batch keeps only its rows `index` (positions in it): the predictions

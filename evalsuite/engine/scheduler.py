@@ -8,9 +8,12 @@ saved(r)   the part of candidate r's copy done before its layer starts. The curr
            loads delay the copy and the compute alike (the compute waits for them), so what r
            waits behind is the prefetches already queued or moving, then the candidates before it:
            its copy starts q·t after the demand loads (q copies ahead, t seconds per transfer) and
-           by the layer's start (layer_s·h of compute later) it has moved
-           min(t, max(0, layer_s·h − q·t)) of its t seconds. A copy that lands late still saves
+           by the layer's start (`lead` seconds of compute later) it has moved
+           min(t, max(0, lead − q·t)) of its t seconds. A copy that lands late still saves
            that part: when the router picks it, it is promoted and finishes as a demand load.
+lead       layer_s·h; for the next token's first sparse layer, the measured time from the last sparse
+           layer's router to it (wrap_s: the LM head, sampling and the layers before the first sparse
+           one, 1.4-1.7 layer_s on the tiny models), in place of one layer_s.
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
 pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
@@ -19,29 +22,34 @@ pm(l, r)   the same over the rank-r candidates that were missing from the cache 
            large cache pm can be well below p (docs/performance.md, "The prefetch policy"). Shrunk
            towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
 q(l, r)    the share of scheduled predictions whose rank-r candidate was missing, shrunk towards
-           the layer's miss rate the same way.
-cost(r)    a wrong prefetch delays demand loads by at most one chunk (a demand load preempts a
-           moving prefetch at the next chunk boundary, and the router's decision cancels it), and
-           costs the compute thread what issuing and cancelling a prefetch costs (c, measured by
-           the engine: `prefetch_cost_s`); a right one replaces a demand load that would cost the
-           same: (1 − pm)·(chunk + c) seconds. On a link whose copies are shorter than c, little
-           is worth sending.
-rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk + c) seconds; with `window=False`,
+           the layer's decode miss rate (Engine.miss_rate) the same way.
+cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
+           wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
+           chunk boundary): half a chunk on average (a chunk, or the whole copy where that is
+           shorter); one still queued or already landed delays nothing. It also costs the compute
+           thread what issuing and cancelling a prefetch costs (c, measured by the engine:
+           `prefetch_cost_s`); a right one replaces a demand load that would cost the same:
+           (1 − pm)·(chunk/2 + c) seconds. On a link whose copies are shorter than c, little is
+           worth sending.
+rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk/2 + c) seconds; with `window=False`,
            send the top `budget` regardless.
 
 worth      a prediction is made during decoding only if its candidates' expected saving (the
-           rule's margins, each times q) exceeds what the prediction itself costs
-           the compute thread; otherwise (a fast link, a cache that already holds the layer) the
-           driver makes it after the request, for recall and precision only (prediction.Later);
-           one in EXPLORE_EVERY is made online anyway, so the precision it depends on stays current,
-           unless no precision could make it pay: every candidate right and missing would save at most
-           budget · min(t, layer_s·h), and where that is below the prediction's cost (a copy shorter than
-           a prediction, as on a fast link with tiny experts) one in EXPLORE_EVERY² is made online, which
-           keeps that cost measured (it could fall) at an eighth of the price.
+           rule's margins, each times q) exceeds what making it online costs the compute thread
+           beyond putting it off (`online_cost_s`: the driver times both paths, the online one from
+           the worth test through scheduling its prefetches, their issuing left out); otherwise (a
+           fast link, a cache that already holds the layer) the driver makes it after the request,
+           for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made online
+           anyway, so the precision it depends on stays current, unless no precision could make it
+           pay: every candidate right and missing would save at most budget · min(t, lead), and where
+           that is below the prediction's cost (a copy shorter than a prediction, as on a fast link
+           with tiny experts) one in EXPLORE_EVERY² is made online, which keeps that cost measured
+           (it could fall) at an eighth of the price.
            A verdict stands until the layer's precisions change (an online prediction scored).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
-           request's first decode token has no measurement yet and sends the top `budget`).
+           request's first decode token has no measurement yet and sends the top `budget`). wrap_s
+           is measured the same way, from a token's last sparse layer to the next token's first.
 """
 from __future__ import annotations
 
@@ -66,6 +74,7 @@ class PrefetchScheduler:
     def __init__(self, engine, budget: int, window: bool = True, smoothing: float = 0.2):
         self.engine, self.budget, self.window, self.smoothing = engine, budget, window, smoothing
         self.layer_s: float | None = None  # decode time from one sparse layer's router to the next, stalls out
+        self.wrap_s: float | None = None  # the same, from a token's last sparse layer to the next token's first
         self._last: tuple[int, float, float] | None = None  # (position, time, stall total) at the last router
         self.picked: dict[int, list[int]] = {}  # sparse layer -> per rank, predictions the router confirmed
         self.seen: dict[int, int] = {}  # sparse layer -> predictions scored
@@ -76,13 +85,14 @@ class PrefetchScheduler:
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
         self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored (q's denominator)
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
-        self.predict_s: float | None = None  # compute-thread seconds of one prediction (smoothed)
+        self.predict_s: float | None = None  # compute-thread seconds of one prediction made online (smoothed)
+        self.put_off_s: float | None = None  # compute-thread seconds of one put off (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
         self._verdict: dict[int, bool] = {}  # sparse layer -> worth_predicting's answer, until the next observe
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
-        self.layer_s = self._last = None
+        self.layer_s = self.wrap_s = self._last = None
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
@@ -94,22 +104,43 @@ class PrefetchScheduler:
     def layer_at(self, pos: int, now: float, stalled: float) -> None:
         """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far
         (the engine's clock and counters, or the simulator's)."""
-        if self._last is not None and self._last[0] == pos - 1:
-            self.layer_s = self._ema(self.layer_s, max(0.0, now - self._last[1] - max(0.0, stalled - self._last[2])))
+        last = self._last
+        if last is not None and (last[0] == pos - 1 or (pos == 0 and last[0] == len(self.engine.layers) - 1)):
+            gap = max(0.0, now - last[1] - max(0.0, stalled - last[2]))
+            if pos:
+                self.layer_s = self._ema(self.layer_s, gap)
+            else:
+                self.wrap_s = self._ema(self.wrap_s, gap)
         self._last = (pos, now, stalled)
+
+    def lead_s(self, target_pos: int, h: int) -> float:
+        """Compute seconds from the router that predicts sparse layer `target_pos`, h sparse layers ahead,
+        to that layer's router (the last layer predicts the next token's first: wrap_s, once measured)."""
+        if target_pos >= h or self.wrap_s is None:
+            return self.layer_s * h
+        return self.layer_s * (h - 1) + self.wrap_s
 
     def _ema(self, old, new):
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
     def prediction_took(self, seconds: float) -> None:
-        """The compute thread spent `seconds` on one prediction (predictor and ranking)."""
+        """The compute thread spent `seconds` on one prediction made online (the worth test, the predictor,
+        ranking, scheduling)."""
         self.predict_s = self._ema(self.predict_s, seconds)
+
+    def put_off_took(self, seconds: float) -> None:
+        """The compute thread spent `seconds` putting one prediction off (the worth test, keeping its state)."""
+        self.put_off_s = self._ema(self.put_off_s, seconds)
+
+    def online_cost_s(self) -> float:
+        """What a prediction made online costs the compute thread beyond putting it off."""
+        return max(0.0, self.predict_s - (self.put_off_s or 0.0))
 
     def worth_predicting(self, target_pos: int, h: int) -> bool:
         """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
         the summed expected saving of its candidates under the send rule, each counted with how
-        often that rank's candidate was missing (q; a resident candidate saves nothing), against the
-        time one prediction takes. Unknown quantities (before the first measurements) say yes."""
+        often that rank's candidate was missing (q; a resident candidate saves nothing), against what
+        making it online costs beyond putting it off. Unknown quantities (before the first measurements) say yes."""
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
         engine = self.engine
@@ -118,7 +149,8 @@ class PrefetchScheduler:
             return True
         layer = engine.layers[target_pos].index
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
-        if self.budget * min(t, self.layer_s * h) <= self.predict_s:
+        cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
+        if self.budget * min(t, lead) <= cost:
             # even every candidate missing and right would save less: precision cannot turn the verdict, only a
             # cheaper prediction can (predict_s, measured on online ones), so it is measured far less often
             return asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0
@@ -130,13 +162,18 @@ class PrefetchScheduler:
         verdict = self._verdict.get(layer)
         if verdict is not None:
             return verdict
-        wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)
+        wrong_s = self._wrong_s(t)
         ahead, gain = engine.transfers.prefetches_queued(), 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
-            saved = min(t, max(0.0, self.layer_s * h - (ahead + rank) * t))
+            saved = min(t, max(0.0, lead - (ahead + rank) * t))
             gain += q * max(0.0, p * saved - (1 - p) * wrong_s)
-        verdict = self._verdict[layer] = gain > self.predict_s
+        verdict = self._verdict[layer] = gain > cost
         return verdict
+
+    def _wrong_s(self, t: float) -> float:
+        """What a wrong prefetch is expected to cost (see cost(r)): half a chunk of the demand loads' time, and
+        its issuing."""
+        return t * self._chunk_share / 2 + (self.engine.prefetch_cost_s or 0.0)
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
@@ -190,12 +227,12 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
-        wrong_s = t * self._chunk_share + (engine.prefetch_cost_s or 0.0)  # what a wrong guess costs
+        wrong_s, lead = self._wrong_s(t), self.lead_s(target_pos, h)
         precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
         wanted = []
         for rank, e in missing:
             p = precision[rank]
-            saved = min(t, max(0.0, self.layer_s * h - (ahead + len(wanted)) * t))
+            saved = min(t, max(0.0, lead - (ahead + len(wanted)) * t))
             if p * saved > (1 - p) * wrong_s:
                 wanted.append(e)
         if not wanted:

@@ -88,7 +88,7 @@ class Replay:
         self.prefilling = False
         self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
         self.unsettled: dict = {}  # sparse layer -> {its prefetches since its router last settled them}
-        self._layer_uses: dict = {}  # layer -> (uses, misses), for miss_rate
+        self._layer_uses: dict = {}  # layer -> (decode uses, those that would have missed), for miss_rate
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
         self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
@@ -212,13 +212,14 @@ class Replay:
             self.cache.unpin(key)
 
     def miss_rate(self, layer: int) -> float:
-        """Engine.miss_rate: uses that would have missed without prefetching."""
+        """Engine.miss_rate: decode uses that would have missed without prefetching."""
         uses, misses = self._layer_uses.get(layer, (0, 0))
         return misses / uses if uses else 1.0
 
     def _acquire(self, key, protect) -> None:
-        uses, misses = self._layer_uses.get(key[0], (0, 0))  # a prefetched expert's use would have missed
-        self._layer_uses[key[0]] = (uses + 1, misses + (not self.cache.resident(key) or key in self.prefetched))
+        if not self.prefilling:  # a prefetched expert's use would have missed
+            uses, misses = self._layer_uses.get(key[0], (0, 0))
+            self._layer_uses[key[0]] = (uses + 1, misses + (not self.cache.resident(key) or key in self.prefetched))
         if self.cache.resident(key):
             self.counters.hits += 1
             if key in self.prefetched:

@@ -51,8 +51,8 @@ class Costs:
     transfer_s: float  # one expert over the link
     predictor_s: float = 0.0  # one prediction (every sparse layer; the last predicts the next token's first)
     predictor_step_s: float = 0.0  # per step (an oracle's look-ahead pass, when measured)
-    # what the engine's scheduler times one prediction at (the predictor's call and ranking; its send rule weighs
-    # it against the expected saving); None: predictor_s
+    # what the engine's scheduler times one online prediction at (the worth test, the predictor's call, ranking
+    # and scheduling; its worth test weighs it against the expected saving); None: predictor_s
     predict_call_s: float | None = None
     handoff_s: float = 0.0  # added to every wait for a copy: waking the waiting thread (measured)
     lookup_s: float = 0.0  # per expert use when offloaded: the cache's bookkeeping (measured)
