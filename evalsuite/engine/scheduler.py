@@ -13,7 +13,7 @@ saved(r)   the part of candidate r's copy done before its layer starts. The curr
            that part: when the router picks it, it is promoted and finishes as a demand load.
 lead       layer_s·h; for the next token's first sparse layer, the measured time from the last sparse
            layer's router to it (wrap_s: the LM head, sampling and the layers before the first sparse
-           one, 1.4-1.7 layer_s on the tiny models), in place of one layer_s.
+           one, about 1.5 layer_s on tiny-qwen3-moe), in place of one layer_s.
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
 pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
