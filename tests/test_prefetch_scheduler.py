@@ -66,7 +66,6 @@ def test_layer_time_is_decode_only_and_leaves_out_stalls(monkeypatch):
     assert s.layer_s is None
 
 
-
 def test_the_next_token_s_first_layer_gets_the_measured_time_from_the_last_layer(monkeypatch):
     """The last sparse layer predicts the next token's first one: between the two routers run the LM head,
     sampling and the layers before the first sparse one, far more than one layer_s. It is measured the same
@@ -94,6 +93,7 @@ def test_the_longer_lead_of_the_next_token_s_first_layer_lets_a_copy_behind_anot
     s.layer_s, s.wrap_s = 0.5, 1.5
     assert s.schedule(1, candidates([3, 5]), h=1) == 0
     assert s.schedule(0, candidates([3, 5]), h=1) >= 1 and engine.sent[-1][0] == 3
+
 
 def test_a_copy_that_lands_after_the_layer_starts_still_goes():
     engine = FakeEngine()
@@ -151,7 +151,6 @@ def test_a_prefetch_whose_issue_costs_more_than_it_could_save_is_not_sent():
     assert engine.sent[-1] == [2, 4]
 
 
-
 def test_a_wrong_guess_is_charged_half_a_chunk_of_the_demand_loads_time():
     """A wrong prefetch delays the demand loads only if it is still moving when its router cancels it, and
     then by what is left of its chunk: half a chunk on average. A candidate at even odds that would hide
@@ -175,6 +174,7 @@ def test_a_prediction_is_weighed_by_what_it_costs_beyond_putting_it_off():
     s.layer_s, s.predict_s = 10.0, 1.2
     s.put_off_took(0.5)
     assert s.online_cost_s() == 1.2 - 0.5 and s.worth_predicting(1, 1)
+
 
 def test_a_missing_candidate_is_judged_by_how_often_missing_candidates_were_right():
     """Only candidates missing from the cache are sent, and with a large cache what a predictor gets

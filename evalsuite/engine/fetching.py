@@ -143,15 +143,16 @@ class ExpertFetching:
         counters.expert_uses += 1
         if self.cache.failed(key):  # its copy failed earlier: the slot holds nothing usable
             self.cache.forget(key)
+        resident = self.cache.resident(key)
         if self.forward.kinds is not None:  # which experts hit, for hit rate by token kind
-            self.forward.layer_hits[key[1]] = self.cache.resident(key)
+            self.forward.layer_hits[key[1]] = resident
         if self.forward.decoding:  # miss_rate's tally: would this use have missed without prefetching?
             tally = self._decode_tally.get(key[0])
             if tally is None:
                 tally = self._decode_tally[key[0]] = [0, 0]
             tally[0] += 1
-            tally[1] += not self.cache.resident(key) or key in self._prefetched
-        if self.cache.resident(key):
+            tally[1] += not resident or key in self._prefetched
+        if resident:
             counters.hits += 1
             if key in self._prefetched:
                 self._prefetched.discard(key)
