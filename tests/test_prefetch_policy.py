@@ -8,6 +8,7 @@ import torch
 
 import evalsuite
 from evalsuite.engine import arch
+from evalsuite.engine.prediction import LayerState
 
 from .helpers import LINK_KINDS, batch, reference_model, shipped_model, use_link_kind
 
@@ -122,6 +123,28 @@ def test_trace_oracle_replays_a_resident_run_with_recall_one_on_the_same_tokens(
             assert torch.equal(out, expected)
         recall = engine.stats()["recall"][engine.layers[0].top_k]
     assert recall["mean"] == 1.0 and set(recall["layers"]) == {l.index for l in engine.layers}
+
+
+def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():
+    # a decode prediction of the free predictor is a lookup into what the request's prefill built: each step's are the recorded routing ranked K, K-1, ..., and asking again gives the very same tensor
+    model, ids, mask, _ = copy_and_reference(rows=1, tokens=4)
+    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
+        resident.model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        trace = resident.routing_trace()
+    with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=trace,
+                           cache_capacity=0.5) as engine, torch.no_grad():
+        oracle = engine.driver.predictor
+        oracle.on_token(decoding=False)
+        prompt = torch.zeros(ids.shape[1], model.config.hidden_size)
+        oracle.scores(LayerState(0, prompt, None, None, None), 1)  # the prefill's prediction of sparse layer 1
+        oracle.on_token(decoding=True)
+        token = LayerState(0, prompt[:1], None, None, None)
+        first = oracle.scores(token, 1)
+        assert first is oracle.scores(token, 1)
+        native = trace.steps[trace.prefills[0][0]][1].native
+        assert first.shape == (1, engine.layers[1].num_experts)
+        assert first[0].topk(len(native)).indices.tolist() == native
+        assert first[0].count_nonzero() == len(native)
 
 
 def test_trace_oracle_without_a_trace_is_refused_in_one_line():
