@@ -197,7 +197,11 @@ def test_simulate_bad_input_is_one_line(argv, message, capsys):
     assert len(err) == 1 and message in err[0]
 
 
-def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(tmp_path, capsys):
+def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(tmp_path, capsys, monkeypatch):
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    # every prediction of the second sparse layer is put off, the others made: the engine and both replays agree
+    monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: target != 1)
     db = tmp_path / "r.db"
     out = tmp_path / "bench"
     assert main(["bench", "--models", "tiny:qwen3_moe", "--links", "ufs4", "--capacities", "0.5",
@@ -213,6 +217,9 @@ def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(
     # the engine's own cost of issuing a prefetch travels with the profile, for the simulated scheduler
     issued = result["configs"][0]["costs"]["prefetch_s"]
     assert issued > 0 and costs(load_profile(str(profile)), predictor="gate").prefetch_s == pytest.approx(issued)
+    # and so does its timing of a prediction put off, which the replay charges
+    put_off = result["configs"][0]["case_costs"]["router-preserving/gate"]["put_off"]
+    assert put_off > 0 and costs(load_profile(str(profile)), predictor="gate").put_off_s == pytest.approx(put_off)
     # the saved trace and the measured profile through `evalsuite simulate` give the bench's replay
     projected = tmp_path / "p.json"
     assert main(["simulate", "--trace", str(trace), "--profile", str(profile), "--capacity", "0.5",

@@ -131,6 +131,27 @@ def test_the_replayed_scheduler_weighs_a_wrong_guess_at_the_engines_timing_of_a_
     assert free["prefetches"] > costly["prefetches"]
 
 
+def test_the_replay_charges_a_prediction_put_off_at_the_engines_timing_of_it(monkeypatch):
+    # putting a prediction off costs the compute thread the worth test and keeping its state (the engine's
+    # scheduler times it: put_off_s); the replay charges it and gives the scheduler the same figure to weigh
+    from dataclasses import replace
+
+    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.perf.replay import Replay
+
+    monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: False)  # all put off
+    trace, capacity = _gate_trace()
+    costly = replace(COSTS, transfer_s=2e-4, predictor_s=1e-3)
+    free = Replay(trace, costly, capacity, "router-preserving", trace.top_k, True, "lru")
+    charged = Replay(trace, replace(costly, put_off_s=2e-4), capacity, "router-preserving", trace.top_k, True, "lru")
+    for replay in (free, charged):
+        replay.run()
+    assert free.predict == 0.0 and charged.put_offs == free.put_offs > 0
+    assert charged.predict == pytest.approx(charged.put_offs * 2e-4)
+    assert charged.scheduler.put_off_s == pytest.approx(2e-4)
+    assert sum(charged.tpots) > sum(free.tpots)
+
+
 def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
     # the engine's scheduler scores the predictions it put off when their request ends (PredictionDriver.end_request):
     # which ones are put off depends on this machine's clock, but every prediction is scored, now or then

@@ -94,13 +94,15 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
         transfer_s = engine.transfers.seconds_per_transfer() if engine.transfers is not None else None
         handoff_s = engine.transfers.handoff_seconds() if engine.transfers is not None else None
         prefetch_s = engine.prefetch_cost_s  # compute-thread seconds per prefetch issued (None: none issued)
+        scheduler = engine.driver.scheduler if engine.driver is not None else None
+        put_off_s = scheduler.put_off_s if scheduler is not None else None  # per prediction put off (None: none)
         trace = engine.routing_trace()
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
     new = slice(ids.shape[1], None)
     same = (out[:, new] == reference[:, new]).float().mean().item()  # greedy tokens equal to resident's
     return {"out": out, "same_tokens": same, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
             "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s,
-            "trace": trace, "cache_experts": cache_experts, "prefetch_s": prefetch_s,
+            "trace": trace, "cache_experts": cache_experts, "prefetch_s": prefetch_s, "put_off_s": put_off_s,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
@@ -163,7 +165,8 @@ def _medians(measured: list[tuple[Costs, dict, float]]) -> tuple[Costs, dict]:
 def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float, handoff_s: float) -> Costs:
     c = pcost.get(case.label.removesuffix(FREE), {})  # free-running costs what its teacher-forced twin does
     return replace(costs, transfer_s=transfer_s, handoff_s=handoff_s, predictor_s=c.get("per_prediction", 0.0),
-                   predictor_step_s=c.get("per_step", 0.0), predict_call_s=c.get("call"))
+                   predictor_step_s=c.get("per_step", 0.0), predict_call_s=c.get("call"),
+                   put_off_s=c.get("put_off", 0.0))
 
 
 def _summarise(runs, measured, link, capacity) -> dict:
@@ -185,6 +188,11 @@ def _summarise(runs, measured, link, capacity) -> dict:
     # wrong guess by it; the simulated scheduler must too): median over every run that prefetched
     issued = [r["prefetch_s"] for rs in runs.values() for r in rs if r["prefetch_s"] is not None]
     costs = replace(costs, prefetch_s=med(issued) if issued else None)
+    # what putting a prediction off cost the compute thread, as each case's scheduler timed it in these runs
+    for case, rs in runs.items():
+        put_off = [r["put_off_s"] for r in rs if r["put_off_s"] is not None]
+        if put_off and case.forced:
+            pcost.setdefault(case.label, {})["put_off"] = med(put_off)
     link_costs = replace(costs, transfer_s=transfer_s, handoff_s=handoff_s)
     on_demand = next(c for c in runs if c.mode == "on-demand")
     slots = runs[on_demand][0]["cache_experts"]

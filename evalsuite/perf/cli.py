@@ -81,7 +81,8 @@ def cmd_bench(args) -> int:
                 label: c["per_prediction"] * 1e3 for label, c in cfg["case_costs"].items() if "per_prediction" in c},
                 predictor_step_ms={label: c["per_step"] * 1e3 for label, c in cfg["case_costs"].items()
                                    if "per_step" in c},
-                predict_call_ms={label: c["call"] * 1e3 for label, c in cfg["case_costs"].items() if "call" in c})
+                predict_call_ms={label: c["call"] * 1e3 for label, c in cfg["case_costs"].items() if "call" in c},
+                put_off_ms={label: c["put_off"] * 1e3 for label, c in cfg["case_costs"].items() if "put_off" in c})
             profile = {"name": f"{name} on this machine, link {cfg['link']} (measured by evalsuite bench)",
                        "measured": measured}
             # JSON is YAML: the profile loads with load_profile

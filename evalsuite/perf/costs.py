@@ -47,7 +47,7 @@ class SpeedProbe:
 def scaled(costs: Costs, factor: float) -> Costs:
     """Costs with every compute-thread cost multiplied by `factor` (the link's are left as they are)."""
     fields = ("dense_s", "expert_s", "step_s", "predictor_s", "predictor_step_s", "lookup_s", "miss_s",
-              "predict_call_s", "prefetch_s")
+              "predict_call_s", "prefetch_s", "put_off_s")
     return replace(costs, **{f: getattr(costs, f) * factor for f in fields if getattr(costs, f) is not None})
 
 

@@ -11,7 +11,8 @@ or costs measured on one machine for one model (what `evalsuite bench --profile-
 
     measured: {dense_ms, expert_ms, step_ms, transfer_ms, handoff_ms, lookup_ms, miss_ms, prefetch_ms,
                predictor_ms: {case: ms per prediction}, predictor_step_ms: {case: ms per step},
-               predict_call_ms: {case: ms the engine's scheduler times a prediction at}}
+               predict_call_ms: {case: ms the engine's scheduler times a prediction at},
+               put_off_ms: {case: ms it times a prediction put off at}}
 
     where a case is `<mode>/<predictor>` (router-preserving/gate, speculative/quasi), `hybrid` or
     `oracle prefetch`: a prediction costs what the mode does around it too.
@@ -105,10 +106,11 @@ def costs(profile: Profile, shape: ModelShape | None = None, predictor: str | No
         per_prediction = m.get("predictor_ms", {}).get(label, 0.0)  # {case: ms per prediction}
         per_step = m.get("predictor_step_ms", {}).get(label, 0.0)  # {case: ms per step} (an oracle's look-ahead)
         call = m.get("predict_call_ms", {}).get(label)  # {case: ms}: the scheduler's own timing of a prediction
+        put_off = m.get("put_off_ms", {}).get(label, 0.0)  # {case: ms}: its timing of one put off
         return Costs(dense_s=m["dense_ms"] / 1e3, expert_s=m["expert_ms"] / 1e3, step_s=m["step_ms"] / 1e3,
                      transfer_s=m["transfer_ms"] / 1e3, predictor_s=per_prediction / 1e3,
                      predict_call_s=None if call is None else call / 1e3,
-                     predictor_step_s=per_step / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
+                     predictor_step_s=per_step / 1e3, put_off_s=put_off / 1e3, handoff_s=m.get("handoff_ms", 0.0) / 1e3,
                      lookup_s=m.get("lookup_ms", 0.0) / 1e3, miss_s=m.get("miss_ms", 0.0) / 1e3,
                      prefetch_s=m["prefetch_ms"] / 1e3 if "prefetch_ms" in m else None)
     bw = profile.memory_bandwidth_gbs * 1e9 * profile.bandwidth_efficiency

@@ -92,6 +92,7 @@ class Replay:
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
         self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
+        self.put_offs = 0  # predictions put off so far (PredictionDriver.put_off)
 
     # ---- requests: a prefill, then decode steps ---------------------------------------------
     def run(self) -> None:
@@ -167,9 +168,12 @@ class Replay:
             return
         if not self._speculates(target) and not self.perfect and self.cache.policy != "predicted" \
                 and not self.scheduler.worth_predicting(target, 1):
-            # PredictionDriver leaves it for after the request (prediction.Later): no cost, no prefetch now; the
-            # scheduler learns its precision when the request ends
+            # PredictionDriver leaves it for after the request (prediction.Later): no prefetch now, and the
+            # scheduler learns its precision when the request ends; putting it off costs what the engine timed
             self.put_off.append((self.trace.layers[target], ranked, set(routing.native)))
+            self.put_offs += 1
+            self._spend(self.costs.put_off_s, "predict")
+            self.scheduler.put_off_took(self.costs.put_off_s)
             return
         self._spend(self.costs.predictor_s, "predict")
         call = self.costs.predict_call_s

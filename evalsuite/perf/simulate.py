@@ -54,6 +54,9 @@ class Costs:
     # what the engine's scheduler times one online prediction at (the worth test, the predictor's call, ranking
     # and scheduling; its worth test weighs it against the expected saving); None: predictor_s
     predict_call_s: float | None = None
+    # one prediction put off (the worth test, and keeping what it reads for after the request), as the engine's
+    # scheduler times it (PrefetchScheduler.put_off_s); 0: not measured
+    put_off_s: float = 0.0
     handoff_s: float = 0.0  # added to every wait for a copy: waking the waiting thread (measured)
     lookup_s: float = 0.0  # per expert use when offloaded: the cache's bookkeeping (measured)
     miss_s: float = 0.0  # per transfer started: placing, evicting, queueing, on the compute thread (measured)
