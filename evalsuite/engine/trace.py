@@ -114,12 +114,11 @@ class TraceRecorder:
     def native(self, layer: int, ids) -> None:
         """`ids`: the router's choice, a tensor read only when the trace is (no host read per layer)."""
         if self._step is not None:
-            self._step.setdefault(layer, LayerRouting([]))
-            self._step[layer].native = ids
+            self._routing(layer).native = ids
 
     def executed(self, layer: int, ids) -> None:
         if self._step is not None:
-            self._step.setdefault(layer, LayerRouting([])).executed = list(ids)
+            self._routing(layer).executed = list(ids)
         elif self._prefill is not None:
             self._prefill[layer] = list(ids)
 
@@ -128,10 +127,19 @@ class TraceRecorder:
         if self._step is None:
             return
         ranked = ranked if callable(ranked) else list(ranked)
-        if len(self._step.get(layer, LayerRouting([])).native):  # it routed already: this is for the next token
+        routing = self._step.get(layer)
+        if routing is not None and len(routing.native):  # it routed already: this is for the next token
             self._next[layer] = ranked
         else:
-            self._step.setdefault(layer, LayerRouting([])).predicted = ranked
+            self._routing(layer).predicted = ranked
+
+    def _routing(self, layer: int) -> LayerRouting:
+        """The running step's record of `layer`, made at its first use (these run at every layer: a record
+        made as a default argument, and dropped, cost each call a dataclass)."""
+        routing = self._step.get(layer)
+        if routing is None:
+            routing = self._step[layer] = LayerRouting([])
+        return routing
 
     def _flush(self) -> None:
         if self._step and len(self._step) == len(self.trace.layers):
