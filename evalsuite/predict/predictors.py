@@ -178,13 +178,25 @@ def _ranked_scores(ids: list[int], experts: int, rows: int, device) -> torch.Ten
     return torch.tensor(scores, device=device).expand(rows, -1)
 
 
+def _ranked_table(ranked: list[list[int]], experts: int, device) -> tuple:
+    """_ranked_scores of each list in `ranked`, as [1, E] views of one table made with a few tensor calls
+    (lists of one length, as a batch-1 trace's routing is; others one by one)."""
+    if not ranked:
+        return ()
+    if len({len(ids) for ids in ranked}) > 1:
+        return tuple(_ranked_scores(ids, experts, 1, device) for ids in ranked)
+    ids = torch.tensor(ranked, device=device)
+    ranks = torch.arange(ids.shape[1], 0, -1, dtype=torch.float32, device=device).expand_as(ids)
+    return torch.zeros(len(ranked), experts, device=device).scatter_(1, ids, ranks).split(1)
+
+
 class TraceOraclePredictor(Predictor):
     """A free, perfect predictor: replays the routing a resident run recorded (offload(...,
     trace=True)) on the same token stream, request by request and decode step by decode step.
     Batch-1 decode only, as traces are; a prefill is predicted as the experts its layer ran.
-    A request's decode scores are built once, at its prefill, so a decode prediction costs a list
-    lookup: it shows the engine's own ceiling, and building them per call (46-55 us, at every layer)
-    was a third of the stall there is to remove on a fast link with a tiny model."""
+    A request's decode scores are built at its prefill, a few tensor calls per layer, so a decode
+    prediction is a lookup: it shows the engine's own ceiling, and building them per call (46-55 us,
+    at every layer) was a third of the stall there is to remove on a fast link with a tiny model."""
 
     name, horizons = "trace-oracle", (1, 2)
     stateless = False  # follows the recorded run step by step
@@ -206,19 +218,14 @@ class TraceOraclePredictor(Predictor):
         else:
             self.step += 1
 
-    def _decode_scores(self, target: int, device) -> list:
+    def _decode_scores(self, target: int, device) -> tuple:
         """The [1, E] scores of the running request's decode steps for sparse layer `target`, by step from the
         request's start: built for the whole request at its first call (its prefill), on `device`."""
         key = (self.request, device)
         if self._decode is None or self._decode[0] != key:
-            start, end = self.routing.prefills[self.request][0], self._ends[self.request]
-            per_layer = []
-            for pos, layer in enumerate(self.layers):
-                rows = [_ranked_scores(step[pos].native, layer.num_experts, 1, "cpu")[0]
-                        for step in self.routing.steps[start:end]]
-                table = torch.stack(rows).to(device) if rows else None
-                per_layer.append([table[s:s + 1] for s in range(len(rows))])
-            self._decode = (key, per_layer)
+            steps = self.routing.steps[self.routing.prefills[self.request][0]:self._ends[self.request]]
+            self._decode = (key, [_ranked_table([step[pos].native for step in steps], layer.num_experts, device)
+                                  for pos, layer in enumerate(self.layers)])
         return self._decode[1][target]
 
     def _native(self, target: int, rows: int, device) -> torch.Tensor:
