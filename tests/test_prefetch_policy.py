@@ -126,7 +126,8 @@ def test_trace_oracle_replays_a_resident_run_with_recall_one_on_the_same_tokens(
 
 
 def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():
-    # a decode prediction of the free predictor is a lookup into what the request's prefill built: each step's are the recorded routing ranked K, K-1, ..., and asking again gives the very same tensor
+    # a decode prediction of the free predictor is a lookup into what the request's prefill built: each step's
+    # scores are the recorded routing ranked K, K-1, ..., and asking again gives the very same tensor
     model, ids, mask, _ = copy_and_reference(rows=1, tokens=4)
     with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
         resident.model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)

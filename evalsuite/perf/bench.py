@@ -102,7 +102,8 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
     same = (out[:, new] == reference[:, new]).float().mean().item()  # greedy tokens equal to resident's
     return {"out": out, "same_tokens": same, "tpot_s": s["tpot_ms"]["median"] / 1e3, "ttft_s": s["ttft_ms"]["median"] / 1e3,
             "hit_rate": s["hit_rate"], "transfer_s": transfer_s, "handoff_s": handoff_s, "attention_s": attention_s,
-            "trace": trace, "cache_experts": cache_experts, "prefetch_s": prefetch_s, "put_off_s": put_off_s,
+            "trace": trace, "cache_experts": cache_experts, "prefetch_s": prefetch_s,
+            "put_off_s": put_off_s,
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
