@@ -91,23 +91,65 @@ class LayerClock:
             h.remove()
 
 
+class DriverClock:
+    """Compute-thread seconds the prediction driver spends per decode prediction, timed around all of its work
+    at a sparse layer (scoring the last prediction, speculating, predicting, scheduling its prefetches).
+
+    This is what one prediction made on the spot costs, read directly: the difference of two warm TPOTs
+    carries both runs' noise, and on a 2-core machine it read anywhere from 0 to several times this figure
+    (docs/performance.md). Not inside: the dispatch of a module hook the driver registers (the router
+    hook of a speculating mode, a residual pre-hook), a few microseconds per layer."""
+
+    def __init__(self, engine):
+        driver = engine.driver
+        self.driver, self.seconds, self.predictions = driver, 0.0, 0
+        on_router, release = driver.on_router, driver.release_prefetch
+
+        def timed_on_router(pos, *args):
+            begun = time.perf_counter()
+            out = on_router(pos, *args)
+            if engine.forward.decoding:  # (the engine makes a new Forward per call)
+                self.seconds += time.perf_counter() - begun
+                self.predictions += driver.target_of[pos] is not None  # one prediction per layer with a target
+            return out
+
+        def timed_release():
+            begun = time.perf_counter()
+            release()
+            if engine.forward.decoding:
+                self.seconds += time.perf_counter() - begun
+
+        # the driver's hooks and the engine call these through the instance, so the wrappers see every call
+        driver.on_router, driver.release_prefetch = timed_on_router, timed_release
+
+    def per_prediction(self) -> float | None:
+        return self.seconds / self.predictions if self.predictions else None
+
+    def close(self) -> None:
+        del self.driver.on_router, self.driver.release_prefetch  # the class's methods again
+
+
 def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact=None) -> tuple[Costs, dict, float]:
     """This machine's Costs (link time left 0) and each case's prediction cost, medians of interleaved repeats.
 
     Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
     the rest of a step. Engines whose cache holds every expert and is already warm then
     isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
-    and each predicting case's own cost (warm case minus warm on-demand: prediction,
-    scheduling, speculative substitution, and the oracle's look-ahead pass), with no transfer in
-    any (`predicting`: (label, mode, predictor, its artifact) of each case). A cold engine with the smallest cache and no link emulation, where nearly every use
-    misses, gives what starting one transfer costs the compute thread (its TPOT minus resident
-    and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction" and
-    "call" (the scheduler's own timing of a prediction, also the floor of per_prediction), or "per_step":
-    seconds}}, the speed probe's attention seconds: the reference for scaled()).
+    and each predicting case's own cost, with no transfer in any (`predicting`: (label, mode,
+    predictor, its artifact) of each case): per prediction, the driver's work timed around it
+    (DriverClock: prediction, scheduling, speculative substitution); for the oracle, whose
+    look-ahead pass runs outside the driver, warm case minus warm on-demand per step. A cold
+    engine with the smallest cache and no link emulation, where nearly every use misses, gives
+    what starting one transfer costs the compute thread (its TPOT minus resident and minus the
+    time it waited, per transfer). Returns (Costs, {case label: {"per_prediction", "call" (the
+    scheduler's own timing of a prediction: a part of per_prediction) and "step_extra" (warm case
+    minus warm on-demand per prediction, a noisy check on per_prediction)}, or {"per_step"}:
+    seconds}, the speed probe's attention seconds: the reference for scaled()).
     """
     dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
     warm = {label: [] for label in ["on-demand", *(case[0] for case in predicting)]}
     calls: dict[str, list[float]] = {}  # label -> the scheduler's own time per prediction, per repeat
+    driver: dict[str, list[float]] = {}  # label -> the driver's time per prediction (DriverClock), per repeat
     for _ in range(repeats):
         with offload(model, mode="resident") as engine:
             clock, probe = LayerClock(engine), SpeedProbe(engine)
@@ -123,10 +165,12 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         resident.append(tpot)
         warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact)[0])
         for label, mode, predictor, own in predicting:
-            tpot, call = _warm_tpot(model, ids, tokens, mode, predictor, own)
+            tpot, call, per_prediction = _warm_tpot(model, ids, tokens, mode, predictor, own)
             warm[label].append(tpot)
             if call is not None:
                 calls.setdefault(label, []).append(call)
+            if per_prediction is not None:
+                driver.setdefault(label, []).append(per_prediction)
         per_miss.append(_miss_seconds(model, ids, tokens, tpot))
     med = statistics.median
     layers = sparse_layers(model)
@@ -139,11 +183,11 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         if predictor == "oracle":
             case_costs[label] = {"per_step": extra}
             continue
-        # a difference of two noisy TPOTs can come out below what the predictor's own call takes (or at 0):
-        # a prediction costs at least that call, which the engine times directly
         call = med(calls[label]) if label in calls else 0.0
-        # one prediction per sparse layer per decode step: the last one predicts the next token's first
-        case_costs[label] = {"per_prediction": max(extra / len(layers), call), "call": call}
+        # one prediction per sparse layer per decode step (the last one predicts the next token's first); the
+        # driver's own timing includes the scheduler's call, so it is never below it
+        direct = med(driver[label]) if label in driver else call
+        case_costs[label] = {"per_prediction": max(direct, call), "call": call, "step_extra": extra / len(layers)}
     return costs, case_costs, (med(attention) if None not in attention else None)
 
 
@@ -163,9 +207,9 @@ def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
     return max(0.0, overhead / misses) if misses > 0 else 0.0
 
 
-def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, float | None]:
-    """Median TPOT of a warm engine whose cache holds every expert, and its scheduler's own time per prediction
-    (None for a mode that does not predict)."""
+def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, float | None, float | None]:
+    """Median TPOT of a warm engine whose cache holds every expert, its scheduler's own time per prediction and
+    its driver's (DriverClock) per prediction (None, None for a mode that does not predict)."""
     # a model without its experts reads them from its checkpoint: the cache then holds the only copy
     store = "disk" if unloaded(model) else "host"
     # window=False: every prediction is made when the engine meets it. With the scheduler's window, a cache
@@ -177,9 +221,13 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, fl
                  store=store, **window) as engine:
         greedy(model, ids, tokens)  # fills the cache
         engine.reset_stats()
+        clock = DriverClock(engine) if engine.driver is not None else None
         greedy(model, ids, tokens)
         scheduler = engine.driver.scheduler if engine.driver is not None else None
-        return engine.stats()["tpot_ms"]["median"] / 1e3, (scheduler.predict_s if scheduler is not None else None)
+        if clock is not None:
+            clock.close()
+        return (engine.stats()["tpot_ms"]["median"] / 1e3, scheduler.predict_s if scheduler is not None else None,
+                clock.per_prediction() if clock is not None else None)
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:
