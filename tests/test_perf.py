@@ -321,6 +321,22 @@ def test_the_driver_clock_times_one_prediction_per_sparse_layer_of_every_decode_
         assert clock.predictions == (tokens - 1) * layers  # closed: no longer counting
 
 
+def test_the_driver_clock_counts_the_predictions_made_not_those_put_off():
+    from evalsuite.perf.costs import DriverClock
+
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    tokens, layers = 8, len(sparse_layers(model))
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity="all") as engine:
+        for _ in range(2):  # a warm cache: nothing to prefetch, so the window puts most predictions off
+            model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        before, clock = engine.driver.put_off, DriverClock(engine)
+        model.generate(ids, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        clock.close()
+        put_off = engine.driver.put_off - before
+        assert put_off > 0 and clock.predictions == (tokens - 1) * layers - put_off
+
+
 @pytest.mark.parametrize("kind", LINK_KINDS)
 def test_the_link_a_replay_reads_is_timed_by_the_engine_not_taken_from_its_figure(kind, monkeypatch):
     # the worker's wake-ups and sleep overshoots make every emulated copy longer than the link's figure (the

@@ -92,8 +92,8 @@ class LayerClock:
 
 
 class DriverClock:
-    """Compute-thread seconds the prediction driver spends per decode prediction, timed around all of its work
-    at a sparse layer (scoring the last prediction, speculating, predicting, scheduling its prefetches).
+    """Compute-thread seconds the prediction driver spends per decode prediction made, timed around all of its
+    work at a sparse layer (scoring the last prediction, speculating, predicting, scheduling its prefetches).
 
     This is what one prediction made on the spot costs, read directly: the difference of two warm TPOTs
     carries both runs' noise, and on a 2-core machine it read anywhere from 0 to several times this figure
@@ -103,15 +103,18 @@ class DriverClock:
     def __init__(self, engine):
         driver = engine.driver
         self.driver, self.seconds, self.predictions = driver, 0.0, 0
-        on_router, release = driver.on_router, driver.release_prefetch
+        on_router, release, predict = driver.on_router, driver.release_prefetch, driver._predict
 
-        def timed_on_router(pos, *args):
+        def timed_on_router(*args):
             begun = time.perf_counter()
-            out = on_router(pos, *args)
+            out = on_router(*args)
             if engine.forward.decoding:  # (the engine makes a new Forward per call)
                 self.seconds += time.perf_counter() - begun
-                self.predictions += driver.target_of[pos] is not None  # one prediction per layer with a target
             return out
+
+        def counted_predict(target, *args):  # made: its (scores, ranked) pending after; put off: a Later
+            predict(target, *args)
+            self.predictions += engine.forward.decoding and type(driver.pending.get(target)) is tuple
 
         def timed_release():
             begun = time.perf_counter()
@@ -120,13 +123,13 @@ class DriverClock:
                 self.seconds += time.perf_counter() - begun
 
         # the driver's hooks and the engine call these through the instance, so the wrappers see every call
-        driver.on_router, driver.release_prefetch = timed_on_router, timed_release
+        driver.on_router, driver.release_prefetch, driver._predict = timed_on_router, timed_release, counted_predict
 
     def per_prediction(self) -> float | None:
         return self.seconds / self.predictions if self.predictions else None
 
     def close(self) -> None:
-        del self.driver.on_router, self.driver.release_prefetch  # the class's methods again
+        del self.driver.on_router, self.driver.release_prefetch, self.driver._predict  # the class's methods again
 
 
 def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact=None) -> tuple[Costs, dict, float]:
