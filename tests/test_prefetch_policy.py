@@ -148,6 +148,35 @@ def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():
         assert first[0].count_nonzero() == len(native)
 
 
+def test_trace_oracle_ranks_its_decode_scores_as_the_scheduler_would_without_a_tensor_call(monkeypatch):
+    # the driver ranks a prediction with predictor.ranked where there is one; trace-oracle's decode scores are the
+    # recorded experts ranked K, K-1, ..., so it gives their list: the very ranking scheduler.ranked computes
+    from evalsuite.engine.scheduler import ranked
+
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=5)
+    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
+        resident.model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        trace = resident.routing_trace()
+    with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=trace,
+                           cache_capacity=0.5) as engine, torch.no_grad():
+        oracle, top_k = engine.driver.predictor, engine.layers[0].top_k
+        given, oracle_ranked = [], oracle.ranked
+
+        def checked(scores, budget):
+            out = oracle_ranked(scores, budget)
+            given.append((out, ranked(scores, budget), oracle._last is not None and scores is oracle._last[0]))
+            for wider in (budget + 1, budget + 3):  # beyond the recorded experts: scheduler.ranked's own tail
+                assert oracle_ranked(scores, wider) == ranked(scores, wider)
+            return out
+
+        monkeypatch.setattr(engine.driver, "rank", checked)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, expected)
+    shortcut = [(mine, theirs) for mine, theirs, looked_up in given if looked_up]
+    assert len(shortcut) >= 4 * len(engine.layers) - 1  # every decode prediction of the 4 decode steps
+    assert all(mine == theirs and len(mine) == top_k for mine, theirs in shortcut)
+
+
 def test_trace_oracle_without_a_trace_is_refused_in_one_line():
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with pytest.raises(ValueError, match="record one with"):

@@ -156,6 +156,8 @@ class PredictionDriver:
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
         self.speculating = MODES[mode].speculates
+        # a predictor that knows its ranking without a tensor call may give it (predictor.ranked(scores, budget))
+        self.rank = getattr(predictor, "ranked", ranked)
         self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index
         last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
         self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
@@ -265,7 +267,7 @@ class PredictionDriver:
             scores = score(*args)
         if scores is None:
             return
-        prediction = (scores, ranked(scores, engine.budget))
+        prediction = (scores, self.rank(scores, engine.budget))
         self.pending[target] = prediction
         if engine.tracer is not None:
             engine.tracer.predicted(self.layer_of[target], prediction[1])

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.prediction import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
+from ..engine.scheduler import ranked
 
 
 def router_logits(router, x: torch.Tensor) -> torch.Tensor:
@@ -207,6 +208,7 @@ class TraceOraclePredictor(Predictor):
         starts = [start for start, _ in trace.prefills]
         self._ends = starts[1:] + [len(trace.steps)]  # per request, the first decode step after it
         self._decode: tuple | None = None  # ((request, device), per sparse layer its decode steps' [1, E] scores)
+        self._last: tuple | None = None  # (the decode scores returned last, their experts ranked)
 
     def on_token(self, decoding):
         if not decoding:
@@ -237,7 +239,16 @@ class TraceOraclePredictor(Predictor):
         if rows != 1 or self.step >= self._ends[self.request]:
             raise ValueError("trace-oracle replays batch-1 decode steps of the recorded run: run the same "
                              "requests one at a time with the same number of new tokens")
-        return decode[self.step - start]
+        scores = decode[self.step - start]
+        self._last = (scores, self.routing.steps[self.step][target].native)
+        return scores
+
+    def ranked(self, scores: torch.Tensor, budget: int) -> list[int]:
+        """scheduler.ranked of `scores`, without its tensor calls where they are the decode scores returned last
+        and hold at least `budget` experts (the recorded ones, ranked K, K-1, ...: their order is the ranking)."""
+        if self._last is not None and scores is self._last[0] and budget <= len(self._last[1]):
+            return list(self._last[1][:budget])
+        return ranked(scores, budget)
 
     def scores(self, state, h):
         return self._native(state.pos + h, state.x.shape[0], state.x.device)
