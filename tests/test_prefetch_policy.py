@@ -24,6 +24,14 @@ def copy_and_reference(rows: int, tokens: int):
     return copy.deepcopy(reference), ids, mask, expected
 
 
+def resident_trace(model, ids, mask, tokens: int, requests: int = 1):
+    """The routing a resident run of a copy of `model` records over `requests` greedy generations."""
+    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
+        for _ in range(requests):
+            resident.model.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+        return resident.routing_trace()
+
+
 def test_settling_cancels_unpicked_prefetches_frees_their_slots_and_promotes_the_picked_one():
     model = copy.deepcopy(reference_model("olmoe", "float32"))
     layer = arch.sparse_layers(model)[0].index
@@ -112,10 +120,7 @@ def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored
 
 def test_trace_oracle_replays_a_resident_run_with_recall_one_on_the_same_tokens(tmp_path):
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=5)
-    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
-        for _ in range(2):  # two requests: the replay follows both
-            resident.model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        resident.routing_trace().save(tmp_path / "trace.json")
+    resident_trace(model, ids, mask, 5, requests=2).save(tmp_path / "trace.json")  # the replay follows both requests
     with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", cache_capacity=0.5,
                            predictor_path=str(tmp_path / "trace.json")) as engine, torch.no_grad():
         for _ in range(2):
@@ -129,9 +134,7 @@ def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():
     # a decode prediction of the free predictor is a lookup into what the request's prefill built: each step's
     # scores are the recorded routing ranked K, K-1, ..., and asking again gives the very same tensor
     model, ids, mask, _ = copy_and_reference(rows=1, tokens=4)
-    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
-        resident.model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
-        trace = resident.routing_trace()
+    trace = resident_trace(model, ids, mask, 4)
     with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=trace,
                            cache_capacity=0.5) as engine, torch.no_grad():
         oracle = engine.driver.predictor
@@ -154,9 +157,7 @@ def test_trace_oracle_ranks_its_decode_scores_as_the_scheduler_would_without_a_t
     from evalsuite.engine.scheduler import ranked
 
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=5)
-    with evalsuite.offload(copy.deepcopy(model), mode="resident", trace=True) as resident, torch.no_grad():
-        resident.model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
-        trace = resident.routing_trace()
+    trace = resident_trace(model, ids, mask, 5)
     with evalsuite.offload(model, mode="router-preserving", predictor="trace-oracle", artifact=trace,
                            cache_capacity=0.5) as engine, torch.no_grad():
         oracle, top_k = engine.driver.predictor, engine.layers[0].top_k
