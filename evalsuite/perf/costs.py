@@ -103,27 +103,24 @@ class DriverClock:
     def __init__(self, engine):
         driver = engine.driver
         self.driver, self.seconds, self.predictions = driver, 0.0, 0
-        on_router, release, predict = driver.on_router, driver.release_prefetch, driver._predict
+        predict = driver._predict
 
-        def timed_on_router(*args):
-            begun = time.perf_counter()
-            out = on_router(*args)
-            if engine.forward.decoding:  # (the engine makes a new Forward per call)
-                self.seconds += time.perf_counter() - begun
-            return out
+        def timed(method):
+            def call(*args):
+                begun = time.perf_counter()
+                out = method(*args)
+                if engine.forward.decoding:  # (the engine makes a new Forward per call)
+                    self.seconds += time.perf_counter() - begun
+                return out
+            return call
 
         def counted_predict(target, *args):  # made: its (scores, ranked) pending after; put off: a Later
             predict(target, *args)
             self.predictions += engine.forward.decoding and type(driver.pending.get(target)) is tuple
 
-        def timed_release():
-            begun = time.perf_counter()
-            release()
-            if engine.forward.decoding:
-                self.seconds += time.perf_counter() - begun
-
         # the driver's hooks and the engine call these through the instance, so the wrappers see every call
-        driver.on_router, driver.release_prefetch, driver._predict = timed_on_router, timed_release, counted_predict
+        driver.on_router, driver.release_prefetch = timed(driver.on_router), timed(driver.release_prefetch)
+        driver._predict = counted_predict
 
     def per_prediction(self) -> float | None:
         return self.seconds / self.predictions if self.predictions else None
@@ -188,7 +185,8 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
             continue
         call = med(calls[label]) if label in calls else 0.0
         # one prediction per sparse layer per decode step (the last one predicts the next token's first); the
-        # driver's own timing includes the scheduler's call, so it is never below it
+        # driver's time includes the scheduler's call, but the call's figure is smoothed towards the last
+        # predictions and the driver's is their mean, so the larger one is kept
         direct = med(driver[label]) if label in driver else call
         case_costs[label] = {"per_prediction": max(direct, call), "call": call, "step_extra": extra / len(layers)}
     return costs, case_costs, (med(attention) if None not in attention else None)

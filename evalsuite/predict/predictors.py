@@ -179,16 +179,16 @@ def _ranked_scores(ids: list[int], experts: int, rows: int, device) -> torch.Ten
     return torch.tensor(scores, device=device).expand(rows, -1)
 
 
-def _ranked_table(ranked: list[list[int]], experts: int, device) -> tuple:
-    """_ranked_scores of each list in `ranked`, as [1, E] views of one table made with a few tensor calls
+def _ranked_table(lists: list[list[int]], experts: int, device) -> tuple:
+    """_ranked_scores of each of `lists`, as [1, E] views of one table made with a few tensor calls
     (lists of one length, as a batch-1 trace's routing is; others one by one)."""
-    if not ranked:
+    if not lists:
         return ()
-    if len({len(ids) for ids in ranked}) > 1:
-        return tuple(_ranked_scores(ids, experts, 1, device) for ids in ranked)
-    ids = torch.tensor(ranked, device=device)
+    if len({len(ids) for ids in lists}) > 1:
+        return tuple(_ranked_scores(ids, experts, 1, device) for ids in lists)
+    ids = torch.tensor(lists, device=device)
     ranks = torch.arange(ids.shape[1], 0, -1, dtype=torch.float32, device=device).expand_as(ids)
-    return torch.zeros(len(ranked), experts, device=device).scatter_(1, ids, ranks).split(1)
+    return torch.zeros(len(lists), experts, device=device).scatter_(1, ids, ranks).split(1)
 
 
 class TraceOraclePredictor(Predictor):
