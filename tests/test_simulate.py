@@ -52,10 +52,12 @@ def test_lru_evicts_the_least_recently_used():
     assert p.transfers_per_token == pytest.approx(5 / 6)
 
 
-def test_perfect_prefetch_reaches_the_bound_within_the_pipeline_start_when_copies_fit_compute():
+@pytest.mark.parametrize("miss_s", [0.0, 0.5])
+def test_perfect_prefetch_reaches_the_bound_within_the_pipeline_start_when_copies_fit_compute(miss_s):
     # every layer's two misses take 6 s of link, its compute 12 s: perfect prediction hides them
-    # all but the very first layer's (nothing predicts the first token's first layer)
-    slow_compute = Costs(dense_s=10.0, expert_s=1.0, step_s=0.0, transfer_s=3.0, chunk_s=1.0)
+    # all but the very first layer's (nothing predicts the first token's first layer). Starting a
+    # copy costs the compute thread `miss_s` whoever starts it: the bound counts it (2 s a step here)
+    slow_compute = Costs(dense_s=10.0, expert_s=1.0, step_s=0.0, transfer_s=3.0, chunk_s=1.0, miss_s=miss_s)
     steps = [[[2 * s % 16, (2 * s + 1) % 16], [(2 * s + 8) % 16, (2 * s + 9) % 16]] for s in range(6)]
     trace = trace_of(steps)
     perfect = simulate(trace, slow_compute, capacity=8, mode="perfect-prefetch")

@@ -102,7 +102,9 @@ def simulate(trace: RoutingTrace, costs: Costs, capacity: int, mode: str, budget
 
 
 def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int, policy: str = "lru") -> float:
-    """Σ_layers max(compute, link time of the on-demand misses) + rest, per token (seconds)."""
+    """Σ_layers max(compute, link time of the on-demand misses) + rest, per token (seconds). Compute is the
+    compute thread's: the layer, its experts' bookkeeping and starting each copy (`miss_s`), which a perfect
+    predictor moving the same copies pays as on-demand does; a bound without it no free predictor reaches."""
     cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy)
     total = 0.0
     prefills = dict(trace.prefills)
@@ -111,7 +113,7 @@ def overlap_bound(trace: RoutingTrace, costs: Costs, capacity: int, policy: str 
             _use(cache, layer, experts)
         for layer, routing in zip(trace.layers, step):
             misses = _use(cache, layer, routing.native)
-            compute = costs.dense_s + len(routing.native) * (costs.expert_s + costs.lookup_s)
+            compute = costs.dense_s + len(routing.native) * (costs.expert_s + costs.lookup_s) + misses * costs.miss_s
             total += max(compute, misses * costs.transfer_s)
         total += costs.step_s
     return total / max(len(trace.steps), 1)
