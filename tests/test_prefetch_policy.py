@@ -72,32 +72,47 @@ def test_router_preserving_cancels_wrong_prefetches_and_stays_exact():
     assert s["prefetch_used"] + s["prefetch_cancelled"] <= s["prefetches"]
 
 
-def sends_of_speculative_run(rows: int):
-    """(layer, experts, demand) of every prefetch call of a speculative decode whose window test
-    would refuse every transfer (the scheduler believes a layer takes 1 ns)."""
+def sends_of_speculative_run(rows: int, budget: int | None = 6):
+    """(layer, experts, demand, decode step) of every decode prefetch call of a speculative run whose window
+    test would refuse every transfer (the scheduler believes a layer takes 1 ns), top-k, and the run's trace."""
     model = copy.deepcopy(reference_model("qwen3_moe"))
     ids, mask = batch(rows)
-    with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=6,
-                           cache_capacity=0.5, link="4GB/s+2000us") as engine, torch.no_grad():
+    with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=budget,
+                           cache_capacity=0.5, link="4GB/s+2000us", trace=rows == 1) as engine, torch.no_grad():
         scheduler = engine.driver.scheduler
         scheduler.layer_started = lambda pos, decoding: setattr(scheduler, "layer_s", 1e-9)
         sends, prefetch = [], engine.prefetch
-        engine.prefetch = lambda layer, experts, demand=False, keep=(): (
-            sends.append((layer, list(experts), demand, engine.forward.decoding)), prefetch(layer, experts, demand, keep))[1]
+
+        def recorded(layer, experts, demand=False, keep=()):
+            if engine.forward.decoding:  # the steps the trace holds so far: this one's index
+                sends.append((layer, list(experts), demand, len(engine.tracer.trace.steps) if rows == 1 else None))
+            return prefetch(layer, experts, demand, keep)
+
+        engine.prefetch = recorded
         model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
         top_k, first = engine.layers[0].top_k, engine.layers[0].index
-    return [s for s in sends if s[3] and s[0] != first], top_k  # the first sparse layer never speculates
+        trace = engine.routing_trace() if rows == 1 else None
+    return [s for s in sends if s[0] != first], top_k, trace  # the first sparse layer never speculates
 
 
 def test_speculative_sends_the_whole_predicted_set_at_demand_priority_without_a_window():
-    sends, top_k = sends_of_speculative_run(rows=1)
+    sends, top_k, _ = sends_of_speculative_run(rows=1)
     assert sends, "a closed window must not stop experts that will certainly execute"
     assert all(demand for _, _, demand, _ in sends)
     assert all(len(experts) == top_k for _, experts, _, _ in sends)  # budget 6 clamped to top-k
 
 
+@pytest.mark.parametrize("budget", [None, 6])  # top-k (the set read off the ranking), and beyond it
+def test_a_speculating_layer_is_sent_exactly_the_experts_it_then_executes(budget):
+    sends, _, trace = sends_of_speculative_run(rows=1, budget=budget)
+    executed = {(step, trace.layers.index(layer)): sorted(experts) for layer, experts, _, step in sends}
+    assert len(executed) == len(sends) > 0  # one send per speculating layer and step
+    for (step, pos), experts in executed.items():
+        assert sorted(trace.steps[step][pos].executed) == experts
+
+
 def test_speculative_sends_for_a_batch_are_the_union_of_each_row_s_top_k():
-    sends, top_k = sends_of_speculative_run(rows=3)
+    sends, top_k, _ = sends_of_speculative_run(rows=3)
     assert sends and all(top_k <= len(experts) <= 3 * top_k for _, experts, _, _ in sends)
     assert all(len(set(experts)) == len(experts) for _, experts, _, _ in sends)
 

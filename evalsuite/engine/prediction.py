@@ -95,7 +95,7 @@ class LayerState:
     weights: torch.Tensor  # their routing weights [T, K]
 
 
-def _experts_in(ids: torch.Tensor) -> set[int]:
+def experts_in(ids: torch.Tensor) -> set[int]:
     """The experts named anywhere in [T, K] `ids` (one tensor call: each costs the hot path a dispatch)."""
     return {e for row in ids.tolist() for e in row}
 
@@ -219,7 +219,7 @@ class PredictionDriver:
         if scheduler is not None:
             scheduler.layer_started(pos, decoding)
             if decoding and type(predicted) is tuple:
-                chosen = _experts_in(ids)
+                chosen = experts_in(ids)
                 scheduler.observe(layer, predicted[1], chosen)
         replaced = None
         if predicted is not None:
@@ -236,7 +236,7 @@ class PredictionDriver:
                 chosen = None
         if scheduler is not None and engine.has_unsettled(layer):
             # the router decided: wrong guesses leave the link, right ones go first
-            engine.settle_prefetches(layer, _experts_in(ids) if chosen is None else chosen)
+            engine.settle_prefetches(layer, experts_in(ids) if chosen is None else chosen)
         target = self.target_of[pos]
         if target is None:
             return replaced
@@ -300,7 +300,12 @@ class PredictionDriver:
             self.deferred = None
             if self.speculates(target):
                 top_k = self.engine.layers[target].top_k
-                chosen = scores.topk(min(top_k, scores.shape[1]), dim=-1).indices.unique().tolist()
+                if scores.shape[0] == 1 and len(candidates) == top_k:
+                    # one row, a budget of top-k: the ranking was this very topk call (ranked), so its set is what
+                    # the layer will execute, with no tensor call (topk, unique and a host read cost ~20 us)
+                    chosen = sorted(candidates)
+                else:
+                    chosen = scores.topk(min(top_k, scores.shape[1]), dim=-1).indices.unique().tolist()
                 self.engine.prefetch(self.engine.layers[target].index, chosen, demand=True)
                 if spent is not None:
                     self.scheduler.prediction_took(spent)
@@ -344,7 +349,7 @@ class PredictionDriver:
                 if scores is None:
                     continue  # the predictor had nothing for this step
                 if isinstance(predicted, Later) and self.scheduler is not None:
-                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), _experts_in(native))
+                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
                 made.append((scores, native, rows))
             if not made:
                 continue
