@@ -15,7 +15,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 
 from . import arch
 from .metrics import Counters, EngineRecord
-from .prediction import PREDICTORS, PredictionDriver, RowGroups
+from .prediction import PREDICTORS, PredictionDriver, RowGroups, experts_in
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching
@@ -40,7 +40,9 @@ def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     if driver is not None and not driver.at_router:  # the router's input and choice: see PredictionDriver.on_layer
         driver.on_layer(pos, hidden_states, top_k_index, top_k_weights)
     if engine.cache is None:  # resident: the model's own kernel computes, the engine only counts
-        engine.count_resident(layer, torch.unique(top_k_index).tolist())
+        # a decode step's few rows are read in one host call: torch.unique costs a decode layer ~15 us more
+        needed = sorted(experts_in(top_k_index)) if engine.forward.decoding else torch.unique(top_k_index).tolist()
+        engine.count_resident(layer, needed)
         out = engine.own_kernel(experts, hidden_states, top_k_index, top_k_weights)
     else:
         out = run_experts(experts, hidden_states, top_k_index, top_k_weights,
