@@ -303,6 +303,22 @@ def test_a_prediction_costs_what_the_driver_spends_on_it_not_a_difference_of_two
     assert cases["gate"]["step_extra"] == pytest.approx(0.002 / layers)
 
 
+def test_the_cost_of_starting_a_copy_is_measured_against_warm_on_demand_whatever_the_cases(monkeypatch):
+    """A cold engine's TPOT minus a warm on-demand engine's (same kernel, no copy), minus its stall, per copy: not
+    minus another case's warm TPOT, such as the oracle's with its look-ahead pass, which would leave it at 0."""
+    from evalsuite.perf import costs as costs_module
+
+    def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand free, the oracle a second a step
+        return (0.0, None, None) if predictor is None else (1.0, None, None)
+
+    monkeypatch.setattr(costs_module, "_warm_tpot", warm)
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    costs, _, _ = costs_module.measure_costs(model, ids, 4, 1,
+                                             predicting=[("oracle prefetch", "router-preserving", "oracle", None)])
+    assert costs.miss_s > 0  # every compute-thread second of the cold engine's step, shared by its copies
+
+
 @pytest.mark.parametrize("mode", ["router-preserving", "speculative"])
 def test_the_driver_clock_times_one_prediction_per_sparse_layer_of_every_decode_step(mode):
     from evalsuite.perf.costs import DriverClock

@@ -140,8 +140,8 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     (DriverClock: prediction, scheduling, speculative substitution); for the oracle, whose
     look-ahead pass runs outside the driver, warm case minus warm on-demand per step. A cold
     engine with the smallest cache and no link emulation, where nearly every use misses, gives
-    what starting one transfer costs the compute thread (its TPOT minus resident and minus the
-    time it waited, per transfer). Returns (Costs, {case label: {"per_prediction", "call" (the
+    what starting one transfer costs the compute thread (its TPOT minus the same repeat's warm
+    on-demand TPOT and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction", "call" (the
     scheduler's own timing of a prediction: a part of per_prediction) and "step_extra" (warm case
     minus warm on-demand per prediction, a noisy check on per_prediction)}, or {"per_step"}:
     seconds}, the speed probe's attention seconds: the reference for scaled()).
@@ -158,12 +158,13 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
             clock.close()
             attention.append(probe.median())
         steps = len(clock.layer_s) // len(engine.layers)
-        tpot = s["tpot_ms"]["median"] / 1e3
+        resident_tpot = s["tpot_ms"]["median"] / 1e3
         dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
         expert.append(sum(clock.experts_s) / sum(clock.experts_run))
-        step.append(tpot - sum(clock.layer_s) / steps)
-        resident.append(tpot)
-        warm["on-demand"].append(_warm_tpot(model, ids, tokens, "on-demand", None, artifact)[0])
+        step.append(resident_tpot - sum(clock.layer_s) / steps)
+        resident.append(resident_tpot)
+        warm_on_demand = _warm_tpot(model, ids, tokens, "on-demand", None, artifact)[0]
+        warm["on-demand"].append(warm_on_demand)
         for label, mode, predictor, own in predicting:
             tpot, call, per_prediction = _warm_tpot(model, ids, tokens, mode, predictor, own)
             warm[label].append(tpot)
@@ -171,7 +172,7 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
                 calls.setdefault(label, []).append(call)
             if per_prediction is not None:
                 driver.setdefault(label, []).append(per_prediction)
-        per_miss.append(_miss_seconds(model, ids, tokens, tpot))
+        per_miss.append(_miss_seconds(model, ids, tokens, warm_on_demand))
     med = statistics.median
     layers = sparse_layers(model)
     uses = len(layers) * layers[0].top_k
@@ -192,8 +193,11 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     return costs, case_costs, (med(attention) if None not in attention else None)
 
 
-def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
-    """Compute-thread seconds per transfer started, from decode steps of a cache of top-k slots."""
+def _miss_seconds(model, ids, tokens, warm_tpot) -> float:
+    """Compute-thread seconds per transfer started, from decode steps of a cache of top-k slots: their TPOT minus
+    `warm_tpot` (an on-demand engine whose cache holds every expert: the same kernel and bookkeeping per expert
+    use, no copy) minus the time they waited, per copy. Against resident, each copy would also carry the per-use
+    bookkeeping the replay charges apart (lookup_s), as every use of this cache is a copy."""
     top_k = sparse_layers(model)[0].top_k
 
     def counters(new_tokens):
@@ -204,7 +208,7 @@ def _miss_seconds(model, ids, tokens, resident_tpot) -> float:
     full, prefill = counters(tokens), counters(1)  # the difference is the decode steps
     misses = (full["misses"] - prefill["misses"]) / (tokens - 1)
     stall = (full["stall_s"] - prefill["stall_s"]) / (tokens - 1)
-    overhead = full["tpot_ms"]["median"] / 1e3 - resident_tpot - stall
+    overhead = full["tpot_ms"]["median"] / 1e3 - warm_tpot - stall
     return max(0.0, overhead / misses) if misses > 0 else 0.0
 
 
