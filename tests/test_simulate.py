@@ -37,6 +37,15 @@ def test_on_demand_waits_for_each_copy_and_overlaps_the_next():
     assert p.transfers_per_token == 2 and p.hit_rate == 0.0
 
 
+def test_starting_a_copy_takes_compute_time_before_the_link_starts_it():
+    # dense 1 s, then 1 s placing the copy (miss_s) before the link starts it: it lands at 2 + 3, so the
+    # compute waits 3 s, computes 0.5 and the step ends at 5.5 + 2 (started first, it would wait 2 s)
+    costs = Costs(dense_s=1.0, expert_s=0.5, step_s=2.0, transfer_s=3.0, miss_s=1.0)
+    p = simulate(trace_of([[[0]]], top_k=1), costs, capacity=2, mode="on-demand")
+    assert p.exposed_transfer_s == pytest.approx(3.0)
+    assert p.tpot_s == pytest.approx(7.5)
+
+
 def test_cached_experts_are_hits_and_cost_no_transfer():
     trace = trace_of([[[0, 1]], [[0, 1]]])
     p = simulate(trace, COSTS, capacity=2, mode="on-demand")
