@@ -141,10 +141,11 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     look-ahead pass runs outside the driver, warm case minus warm on-demand per step. A cold
     engine with the smallest cache and no link emulation, where nearly every use misses, gives
     what starting one transfer costs the compute thread (its TPOT minus the same repeat's warm
-    on-demand TPOT and minus the time it waited, per transfer). Returns (Costs, {case label: {"per_prediction", "call" (the
-    scheduler's own timing of a prediction: a part of per_prediction) and "step_extra" (warm case
-    minus warm on-demand per prediction, a noisy check on per_prediction)}, or {"per_step"}:
-    seconds}, the speed probe's attention seconds: the reference for scaled()).
+    on-demand TPOT and minus the time it waited, per transfer). Returns (Costs, {case label:
+    {"per_prediction", "call" (the scheduler's own timing of a prediction: a part of
+    per_prediction) and "step_extra" (warm case minus warm on-demand per prediction, a noisy check
+    on per_prediction)}, or {"per_step"}: seconds}, the speed probe's attention seconds: the
+    reference for scaled()).
     """
     dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
     warm = {label: [] for label in ["on-demand", *(case[0] for case in predicting)]}
