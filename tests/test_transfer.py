@@ -227,6 +227,29 @@ def test_seconds_per_transfer_is_the_link_time_of_landed_transfers():
     assert 0.004 <= worker.seconds_per_transfer() < 0.03 and worker.pending() == 0
 
 
+def test_a_cancelled_chunks_overshoot_is_not_taken_off_the_next_copys_link_time(monkeypatch):
+    # the worker's clock times a chunk from the previous chunk's end: a cancelled prefetch whose last sleep
+    # overshoots (a loaded machine) must not make the copy after it look faster than the link
+    rows = {k: torch.rand(250_000) for k in range(2)}  # 1 MB: 10 ms on the link, in 1 ms chunks
+    link = Link("slow", 0.1e9, 0.0)
+    worker = TransferWorker(DictStore(rows), torch.device("cpu"), link)
+    dst = torch.zeros(2, 250_000)
+    real_sleep, prefetch = time.sleep, None
+
+    def sleep(seconds):
+        real_sleep(seconds + (0.02 if prefetch is not None and worker._moving is prefetch else 0.0))
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    prefetch = worker.submit(0, dst[0], prefetch=True)
+    while prefetch.untouched:  # the link starts on it
+        real_sleep(1e-4)
+    assert worker.cancel(prefetch)
+    worker.submit(1, dst[1]).wait(timeout=5)
+    worker.close()
+    assert torch.equal(dst[1], rows[1])
+    assert worker.seconds_per_transfer() >= link.seconds(1_000_000)
+
+
 def test_chunk_size_follows_the_link_and_is_checked():
     assert TransferWorker(RowStore({}), torch.device("cpu"), SLOW).chunk_bytes == 100_000  # 1 ms
     with pytest.raises(ValueError, match="chunk_bytes=0 must be a positive"):

@@ -102,7 +102,6 @@ class Transfer:
         self.moved = 0  # elements issued so far
         self.untouched = True  # the worker never started on it: the slot still holds what it held before
         self.out = 0  # chunks issued and not yet known to have landed
-        self.seconds = 0.0  # link time of its chunks
         self.submitted_at = time.perf_counter()
         self.issued_at = self.done_at = 0.0
         self.handoffs: list[float] | None = None  # the engine's record of waiter wake-ups
@@ -178,7 +177,7 @@ class TransferWorker:
         self._link_free_at = 0.0  # when the emulated link finishes its last chunk
         self._last_end = 0.0
         self._submitted = self._finished = self._landed = 0
-        self._landed_s = 0.0
+        self._copies_moved = 0.0  # the copies' worth of data the chunks in busy_s moved
         self._worker = threading.Thread(target=self._serve, name="evalsuite-transfer", daemon=True)
         self._worker.start()
 
@@ -224,11 +223,14 @@ class TransferWorker:
         return len(self._prefetch)
 
     def seconds_per_transfer(self) -> float | None:
-        """Measured link time per landed transfer (None before the first): the sum of its chunks'
-        times. On CUDA without emulation a chunk's time is measured by events around its copy;
-        otherwise from the later of the transfer's submission and the previous chunk's end to the
-        chunk's end, so the worker's wake-up delays and sleep overshoots count as the link's time."""
-        return self._landed_s / self._landed if self._landed else None
+        """Measured link time per whole copy (None before the first landed): the time of every chunk
+        moved, a cancelled transfer's included, over the copies' worth of data they moved. On CUDA
+        without emulation a chunk's time is measured by events around its copy; otherwise from the
+        later of the transfer's submission and the previous chunk's end to the chunk's end, so the
+        worker's wake-up delays and sleep overshoots count as the link's time. (Landed transfers'
+        chunks alone would not do: a cancelled chunk's overshoot is taken off the next chunk's
+        time, and on a loaded machine sdcard then measured 0.95 of its figure.)"""
+        return self.busy_s / self._copies_moved if self._landed else None
 
     def handoff_seconds(self) -> float | None:
         """Median time from a copy issued to its blocked waiter running (None if none waited)."""
@@ -280,6 +282,7 @@ class TransferWorker:
             error = exc
         now = time.perf_counter()
         wall = now - max(self._last_end, transfer.submitted_at)
+        share = (stop - start) / numel if error is None else 0.0  # the copies' worth this run moved
         self._last_end = now
         with self._lock:
             self._moving = None
@@ -288,9 +291,9 @@ class TransferWorker:
                 transfer.out += 1
                 transfer.last = handle
                 # an asynchronous copy is timed when it lands, unless the emulated link sets its time
-                self._in_flight.append((handle, transfer, wall if self.link is not None else None))
+                self._in_flight.append((handle, transfer, wall if self.link is not None else None, share))
             if handle is None or self.link is not None:
-                self._count(transfer, wall)
+                self._count(wall, share)
             if error is not None and transfer.error is None:
                 self._dequeue(transfer)
                 self._stop(transfer, error)
@@ -340,7 +343,7 @@ class TransferWorker:
             self._lock.notify()
 
     def _land_oldest(self) -> None:
-        handle, transfer, wall = self._in_flight[0]
+        handle, transfer, wall, share = self._in_flight[0]
         error = None
         try:
             self.copies.wait(handle)
@@ -351,16 +354,16 @@ class TransferWorker:
             self._in_flight.popleft()
             transfer.out -= 1
             if wall is None:
-                self._count(transfer, seconds or 0.0)
+                self._count(seconds or 0.0, share)
             if error is not None and transfer.error is None:
                 self._dequeue(transfer)
                 self._stop(transfer, error)
             self._finish_if_settled(transfer)
 
     # ---- bookkeeping, under the lock ---------------------------------------------------------
-    def _count(self, transfer: Transfer, seconds: float) -> None:
-        transfer.seconds += seconds
+    def _count(self, seconds: float, share: float) -> None:
         self.busy_s += seconds
+        self._copies_moved += share
 
     def _dequeue(self, transfer: Transfer) -> None:
         queue = self._prefetch if transfer.prefetch else self._demand
@@ -387,7 +390,6 @@ class TransferWorker:
         self._finished += 1
         if transfer.error is None:
             self._landed += 1
-            self._landed_s += transfer.seconds
         transfer.done.set()
 
     def close(self) -> None:
