@@ -217,6 +217,14 @@ def test_a_cancelled_prefetch_that_never_started_gives_its_victim_back(kind, mon
         while moving.untouched and time.monotonic() < deadline:  # the link starts on it
             time.sleep(1e-3)
         assert not moving.untouched and queued.untouched
+        cancel = engine.transfers.cancel
+
+        def slow_cancel(transfer):  # the compute thread is held up after each cancel (another thread, a GC
+            landed = cancel(transfer)  # pause): 4 reaches its chunk's end and the link is free meanwhile
+            time.sleep(5e-3)
+            return landed
+
+        monkeypatch.setattr(engine.transfers, "cancel", slow_cancel)
         assert engine.settle_prefetches(layer, set()) == 2
         assert [cache.resident((layer, e)) for e in range(6)] == [False, True, True, True, False, False]
         # expert 1's weights are still in the slot it got back, and it is the next to be evicted again

@@ -108,13 +108,13 @@ class ExpertFetching:
         goes back to the pool, or, if no chunk of it was written, to the expert it evicted), and the picked ones
         still in flight are promoted to demand priority, ahead of the wrong guesses. Returns
         how many were cancelled. Only the layer's prefetches sent since its router last settled them
-        are looked at (in the order they were sent): the others landed, were promoted (and so ran,
-        and landed) or were cancelled then."""
+        are looked at (promoted in the order they were sent, cancelled newest first): the others
+        landed, were promoted (and so ran, and landed) or were cancelled then."""
         unsettled = self._unsettled.pop(layer, None)
         if self.cache is None or not unsettled:
             return 0
         begun = time.perf_counter()
-        counters, cancelled, pinned = self.record.counters[layer], 0, {}
+        counters, cancelled, pinned, wrong = self.record.counters[layer], 0, {}, []
         for key in unsettled:
             transfer = self.cache.transfers.get(key)
             if key not in self._prefetched or transfer is None or transfer.done.is_set():
@@ -123,7 +123,12 @@ class ExpertFetching:
                 self.transfers.promote(transfer)
             elif self.cache.pins.get(key):
                 pinned[key] = None  # in use now: looked at again at the layer's next router
-            elif self.transfers.cancel(transfer):
+            else:
+                wrong.append((key, transfer))
+        # The newest first: a cancelled copy that is moving hands the link, at its chunk's end, to the next
+        # prefetch queued; were that a wrong guess still to be cancelled, it would lose the expert it evicted.
+        for key, transfer in reversed(wrong):
+            if self.transfers.cancel(transfer):
                 if self.cache.withdraw(key, transfer.untouched) is not None:
                     counters.victims_restored += 1
                 self._prefetched.discard(key)

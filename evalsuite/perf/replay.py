@@ -280,7 +280,7 @@ class Replay:
 
     def _settle_prefetches(self, layer: int, confirmed: set) -> None:
         self.link.advance(self.t)
-        pinned = {}
+        pinned, wrong = {}, []
         for key in self.unsettled.pop(layer, {}):
             copy = self.cache.transfers.get(key)
             if key not in self.prefetched or copy is None or copy.done.is_set():
@@ -289,7 +289,10 @@ class Replay:
                 self.link.promote(copy, self.t)
             elif self.cache.pins.get(key):
                 pinned[key] = None
-            elif self.link.cancel(copy, self.t):
+            else:
+                wrong.append((key, copy))
+        for key, copy in reversed(wrong):  # newest first, as the engine (Engine.settle_prefetches says why)
+            if self.link.cancel(copy, self.t):
                 if self.cache.withdraw(key, copy.untouched) is not None:
                     self.counters.victims_restored += 1
                 self.prefetched.discard(key)
