@@ -7,6 +7,7 @@ choice, `_ready_views`) on a CPU. The last tests remove one wait and expect the 
 """
 import copy
 import importlib
+import threading
 
 import pytest
 import torch
@@ -134,12 +135,35 @@ def test_forgetting_issued_copies_is_caught(monkeypatch):
     assert scanned_then_used(monkeypatch), "a copy forgotten before it landed went unnoticed"
 
 
-def test_a_missing_wait_breaks_exactness(late_copies, monkeypatch):
+class HeldCopies(LateCopies):
+    """LateCopies that land nothing until `hold` is set: a read that does not wait never finds its copy
+    landed, however slowly a loaded machine runs the compute thread."""
+
+    def __init__(self, hold: threading.Event):
+        self.hold = hold
+        super().__init__(DELAY_S)
+
+    def _land(self) -> None:
+        self.hold.wait()
+        super()._land()
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 8192], ids=["whole", "chunked"])
+def test_a_missing_wait_breaks_exactness(chunk_bytes, monkeypatch):
     reference = reference_model("qwen3_moe")
     ids, mask = batch(4)
     expected = run(reference, ids, mask)[0]
+    hold = threading.Event()
+
+    def held_worker(store, device, link=None, timeout_s=60.0):
+        return TransferWorker(store, device, link, timeout_s, chunk_bytes=chunk_bytes, copies=HeldCopies(hold))
+
+    monkeypatch.setattr(offload_module, "TransferWorker", held_worker)
     monkeypatch.setattr(Transfer, "wait", lambda self, timeout: 0.0)  # `_ready_views` reads at once
     model = copy.deepcopy(reference)
     with evalsuite.offload(model, cache_capacity="all"), torch.no_grad():
-        got = model(input_ids=ids, attention_mask=mask).logits
+        try:
+            got = model(input_ids=ids, attention_mask=mask).logits
+        finally:
+            hold.set()  # the copies land, so the engine can close
     assert not torch.equal(got, expected), "a read before the copy landed went unnoticed"
