@@ -7,6 +7,7 @@ import torch
 
 import evalsuite
 from evalsuite.cli import main
+from evalsuite.perf import bench
 from evalsuite.perf.bench import bench_model
 from evalsuite.perf.profiles import costs, load_profile, profile_names
 from evalsuite.perf.shapes import MODELS, model_shape, random_model
@@ -117,23 +118,34 @@ def test_every_shipped_profile_loads_and_prices_every_model(tmp_path):
         load_profile(str(tmp_path / "p.yaml"))
 
 
-def test_bench_measures_every_case_and_checks_the_simulator_against_it():
-    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "trace-oracle", "oracle"], tokens=5, repeats=1,
+def test_bench_measures_every_case_and_checks_the_simulator_against_it(monkeypatch):
+    ran, run_case = [], bench.run_case
+    monkeypatch.setattr(bench, "run_case", lambda *args: ran.append(args[3].label) or run_case(*args))
+    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "trace-oracle", "oracle"], tokens=5, repeats=2,
                          progress=False)
     cfg = result["configs"][0]
     cases = [r["case"] for r in cfg["rows"]]
     assert cases == ["resident", "on-demand", "router-preserving/gate", "speculative/gate",
                      "speculative/gate free-running", "router-preserving/trace-oracle", "oracle prefetch"]
+    assert ran == cases + cases[1:] + cases[:1]  # the second repeat runs them one place on: no case is always first
     rows = {r["case"]: r for r in cfg["rows"]}
     for row in cfg["rows"]:
         assert row["tpot_ms"] > 0 and row["simulated_tpot_ms"] > 0
         assert row["vs_on_demand_range"][0] <= row["vs_on_demand"] <= row["vs_on_demand_range"][1]
+        low, high = row["vs_on_demand_at_speed_range"]
+        assert low <= row["vs_on_demand_at_speed"] <= high
     # exact cases predict every resident token; the speculative ones are fed them (teacher-forced) or not
     assert all(rows[c]["same_tokens"] == 1.0 for c in ("on-demand", "router-preserving/trace-oracle"))
     assert rows["speculative/gate"]["forced"] and not rows["speculative/gate free-running"]["forced"]
-    assert rows["on-demand"]["vs_on_demand"] == 1.0
+    assert rows["on-demand"]["vs_on_demand"] == rows["on-demand"]["vs_on_demand_at_speed"] == 1.0
     assert cfg["bound_tpot_ms"] > 0 and cfg["transfer_ms"] > 0 and result["engine_overhead"]["ratio"] > 0
     assert len(cfg["traces"]["on-demand"].steps) == 4
+
+
+def test_a_run_at_speed_rescales_its_compute_and_keeps_its_stall():
+    run = {"tpot_s": 10e-3, "stall_ms_per_token": 2.0}  # 8 ms of compute on a machine at half speed
+    assert bench.at_speed(run, 2.0) == pytest.approx(6e-3)
+    assert bench.at_speed({"tpot_s": 10e-3, "stall_ms_per_token": None}, 0.5) == pytest.approx(20e-3)
 
 
 def test_simulate_command_projects_every_mode(tmp_path, capsys):
