@@ -228,7 +228,7 @@ def _summarise(runs, measured, link, capacity) -> dict:
                      for r, f in zip(rs, speed)]
         tpot = med(r["tpot_s"] for r in rs)
         paired = [r["tpot_s"] / o["tpot_s"] for r, o in zip(rs, runs[on_demand])]
-        # the same, each run's compute at the configuration's median machine speed: on the CPU this machine's speed
+        # the same, each run's compute at the speed of this configuration's cost runs (median): on the CPU the speed
         # moves up to 2x between runs, and on a fast link TPOT follows it (on-demand's, ufs4 at 10 %, with its
         # attention time: correlation 0.94 over 24 runs), by more than prediction can change it
         paired_at_speed = [at_speed(r, f) / o for r, f, o in zip(rs, speed, od_at_speed)]
