@@ -218,7 +218,7 @@ def test_a_promoted_prefetch_overtakes_other_prefetches():
     assert store.read_order == ["x", "p3", "p1", "p2"]
 
 
-def test_seconds_per_transfer_is_the_link_time_of_landed_transfers():
+def test_seconds_per_transfer_is_the_link_time_per_copy_moved():
     rows = {k: torch.rand(SMALL * 4) for k in range(3)}  # 400 kB: 4 ms each on the slow link
     worker, _ = slow_link(rows)
     for k in rows:
