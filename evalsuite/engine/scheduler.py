@@ -43,9 +43,15 @@ worth      a prediction is made during decoding only if its candidates' expected
            anyway, so the precision it depends on stays current, unless no precision could make it
            pay: every candidate right and missing would save at most budget · min(t, lead), and where
            that is below the prediction's cost (a copy shorter than a prediction, as on a fast link
-           with tiny experts) one in EXPLORE_EVERY² is made online, which keeps that cost measured
-           (it could fall) at an eighth of the price.
-           A verdict stands until the layer's precisions change (an online prediction scored).
+           with tiny experts, or stall_off below it: see below) one in EXPLORE_EVERY² is made online, which
+           keeps that cost measured (it could fall) at an eighth of the price.
+           The candidates' saving counts at most stall_off(l), what layer l's decode steps stalled when its
+           prediction was put off: what on-demand loading stalls there, so the most any prediction can save.
+           The rule credits a right, missing candidate with up to a whole copy, but a demand copy overlaps the
+           compute of the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
+           0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in EXPLORE_EVERY
+           to measure stall_off, until stall_off is over twice what the prediction must save; then one in
+           EXPLORE_EVERY². A verdict stands until the layer's precisions change (an online prediction scored).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
@@ -57,7 +63,7 @@ import time
 
 import torch
 
-EXPLORE_EVERY = 8  # a prediction that cannot pay is still made online this often, to keep its precision current
+EXPLORE_EVERY = 8  # a verdict's other arm is still taken this often: online keeps precision current, put off stall_off
 PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
 
 
@@ -88,11 +94,15 @@ class PrefetchScheduler:
         self.predict_s: float | None = None  # compute-thread seconds of one prediction made online (smoothed)
         self.put_off_s: float | None = None  # compute-thread seconds of one put off (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
-        self._verdict: dict[int, bool] = {}  # sparse layer -> worth_predicting's answer, until the next observe
+        self._verdict: dict[int, tuple] = {}  # sparse layer -> (_pays's verdict, whether sure), until the next observe
+        self.stall_off: dict[int, float] = {}  # sparse layer -> decode stall of its step when its prediction was put off
+        self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
+        self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
 
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
+        self._put_off_for.clear()
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
@@ -106,11 +116,14 @@ class PrefetchScheduler:
         (the engine's clock and counters, or the simulator's)."""
         last = self._last
         if last is not None and (last[0] == pos - 1 or (pos == 0 and last[0] == len(self.engine.layers) - 1)):
-            gap = max(0.0, now - last[1] - max(0.0, stalled - last[2]))
+            stall = max(0.0, stalled - last[2])  # waiting for the last layer's experts
+            gap = max(0.0, now - last[1] - stall)
             if pos:
                 self.layer_s = self._ema(self.layer_s, gap)
             else:
                 self.wrap_s = self._ema(self.wrap_s, gap)
+            if self._put_off_for.pop(last[0], False):
+                self._stalled_unaided(self.engine.layers[last[0]].index, stall)
         self._last = (pos, now, stalled)
 
     def lead_s(self, target_pos: int, h: int) -> float:
@@ -136,7 +149,22 @@ class PrefetchScheduler:
         """What a prediction made online costs the compute thread beyond putting it off."""
         return max(0.0, self.predict_s - (self.put_off_s or 0.0))
 
+    def _stalled_unaided(self, layer: int, stall: float) -> None:
+        """A decode step of sparse layer `layer`, whose prediction was put off, stalled `stall` seconds: what
+        on-demand loading stalls there, so the most any prediction for it could save. A mean over the first
+        steps, then a moving average (the cache and the routing drift)."""
+        n = self._stall_off_n[layer] = self._stall_off_n.get(layer, 0) + 1
+        old = self.stall_off.get(layer, 0.0)
+        self.stall_off[layer] = old + (stall - old) * max(1.0 / n, self.smoothing)
+
     def worth_predicting(self, target_pos: int, h: int) -> bool:
+        """Whether predicting sparse layer `target_pos` now is worth it (`_judge`); remembers the answer, so the
+        stall of that layer's step is known to be one without a prediction."""
+        online = self._judge(target_pos, h)
+        self._put_off_for[target_pos] = not online
+        return online
+
+    def _judge(self, target_pos: int, h: int) -> bool:
         """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
         the summed expected saving of its candidates under the send rule, each counted with how
         often that rank's candidate was missing (q; a resident candidate saves nothing), against what
@@ -150,9 +178,11 @@ class PrefetchScheduler:
         layer = engine.layers[target_pos].index
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
-        if self.budget * min(t, lead) <= cost:
-            # even every candidate missing and right would save less: precision cannot turn the verdict, only a
-            # cheaper prediction can (predict_s, measured on online ones), so it is measured far less often
+        ceiling, off = self.budget * min(t, lead), self.stall_off.get(layer)
+        if ceiling <= cost or (off is not None and off <= cost):
+            # even every candidate missing and right would save less (or the layer stalls less with it put off):
+            # precision cannot turn the verdict, only a cheaper prediction can (predict_s, measured on online ones)
+            # or a slower link, so it is measured far less often
             return asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0
         if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
@@ -160,15 +190,30 @@ class PrefetchScheduler:
         # scored, such as the exploring one): what else it weighs drifts slowly, and judging anew at every
         # layer of every token cost more than the rest of a put-off prediction (13 of 23 us here).
         verdict = self._verdict.get(layer)
-        if verdict is not None:
-            return verdict
+        if verdict is None:
+            verdict = self._verdict[layer] = self._pays(layer, t, lead, cost)
+        pays, sure = verdict
+        if pays and asked % EXPLORE_EVERY == EXPLORE_EVERY // 2 and (
+                not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == EXPLORE_EVERY // 2):
+            return False  # measure what putting it off stalls (stall_off), often while that could turn the verdict
+        return pays
+
+    def _pays(self, layer: int, t: float, lead: float, cost: float) -> tuple[bool, bool]:
+        """The verdict: whether the candidates' expected saving under the send rule, at most what the layer
+        stalls with its prediction put off (stall_off, once measured), less what their wrong guesses cost,
+        exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must exceed (the
+        rule's saving alone can be more than twice what the stall lets it save: docs/performance.md)."""
         wrong_s = self._wrong_s(t)
-        ahead, gain = engine.transfers.prefetches_queued(), 0.0
+        ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(t, max(0.0, lead - (ahead + rank) * t))
-            gain += q * max(0.0, p * saved - (1 - p) * wrong_s)
-        verdict = self._verdict[layer] = gain > cost
-        return verdict
+            if p * saved > (1 - p) * wrong_s:  # the candidates it would send
+                saving += q * p * saved
+                waste += q * (1 - p) * wrong_s
+        off = self.stall_off.get(layer)
+        if off is None:
+            return saving - waste > cost, False
+        return min(saving, off) - waste > cost, off > 2 * (waste + cost)
 
     def _wrong_s(self, t: float) -> float:
         """What a wrong prefetch is expected to cost (see cost(r)): half a chunk of the demand loads' time, and
