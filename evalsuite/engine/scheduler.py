@@ -168,7 +168,8 @@ class PrefetchScheduler:
         """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
         the summed expected saving of its candidates under the send rule, each counted with how
         often that rank's candidate was missing (q; a resident candidate saves nothing), against what
-        making it online costs beyond putting it off. Unknown quantities (before the first measurements) say yes."""
+        making it online costs beyond putting it off, that saving capped at stall_off (see `worth` above).
+        Unknown quantities (before the first measurements) say yes."""
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
         engine = self.engine
@@ -201,8 +202,8 @@ class PrefetchScheduler:
     def _pays(self, layer: int, t: float, lead: float, cost: float) -> tuple[bool, bool]:
         """The verdict: whether the candidates' expected saving under the send rule, at most what the layer
         stalls with its prediction put off (stall_off, once measured), less what their wrong guesses cost,
-        exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must exceed (the
-        rule's saving alone can be more than twice what the stall lets it save: docs/performance.md)."""
+        exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must exceed (a margin
+        its noise does not cross: one step stalls anything from nothing to several copies)."""
         wrong_s = self._wrong_s(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
