@@ -192,18 +192,18 @@ class PrefetchScheduler:
         # layer of every token cost more than the rest of a put-off prediction (13 of 23 us here).
         verdict = self._verdict.get(layer)
         if verdict is None:
-            verdict = self._verdict[layer] = self._pays(layer, t, lead, cost)
+            verdict = self._verdict[layer] = self._pays(layer, t, lead, cost, off)
         pays, sure = verdict
         if pays and asked % EXPLORE_EVERY == EXPLORE_EVERY // 2 and (
                 not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == EXPLORE_EVERY // 2):
             return False  # measure what putting it off stalls (stall_off), often while that could turn the verdict
         return pays
 
-    def _pays(self, layer: int, t: float, lead: float, cost: float) -> tuple[bool, bool]:
+    def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
         """The verdict: whether the candidates' expected saving under the send rule, at most what the layer
-        stalls with its prediction put off (stall_off, once measured), less what their wrong guesses cost,
-        exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must exceed (a margin
-        its noise does not cross: one step stalls anything from nothing to several copies)."""
+        stalls with its prediction put off (`off`: stall_off, None before measured), less what their wrong
+        guesses cost, exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must
+        exceed (a margin its noise does not cross: one step stalls anything from nothing to several copies)."""
         wrong_s = self._wrong_s(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
@@ -211,7 +211,6 @@ class PrefetchScheduler:
             if p * saved > (1 - p) * wrong_s:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * (1 - p) * wrong_s
-        off = self.stall_off.get(layer)
         if off is None:
             return saving - waste > cost, False
         return min(saving, off) - waste > cost, off > 2 * (waste + cost)
