@@ -258,16 +258,38 @@ def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_i
     """A put-off prediction keeps its layer's tensors rather than copies (every tiny family's recall with
     predictions put off is checked in test_modes): if the model ever wrote one in place, it would score
     another state, so it says so instead."""
-    from evalsuite.engine.prediction import LayerState, Later, _read
+    from evalsuite.engine.prediction import LayerState, Later
 
     state = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    kept = Later(lambda: state.x.sum(), _read([state], ("x",)))
-    changed = Later(lambda: state.x.sum(), _read([state], ("x",)))
+    kept = Later(lambda s: s.x.sum(), (state,), ("x",))
+    changed = Later(lambda s: s.x.sum(), (state,), ("x",))
     assert kept.scores() == 4.0
     state.x.add_(1)
     with pytest.raises(RuntimeError, match="changed in place"):
         changed.scores()
     assert kept.scores() == 4.0  # made once, before the change
+
+
+def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):
+    """What the scheduler weighs a put-off prediction by (put_off_s, which the replay also charges) is the driver's
+    whole work at the layer, the layer's timing and the last prediction's record included: that work happens only
+    because predictions are made, so on-demand loading does not pay it. Here the layer timing is made 3 ms slow."""
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    started = PrefetchScheduler.layer_started
+
+    def slow_layer_started(self, pos, decoding):
+        started(self, pos, decoding)
+        time.sleep(0.003)
+
+    monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: False)  # all put off
+    monkeypatch.setattr(PrefetchScheduler, "layer_started", slow_layer_started)
+    model, ids, mask, _ = copy_and_reference(1, 4)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5, link="ufs4") as engine, \
+            torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert engine.driver.put_off > 0
+        assert engine.driver.scheduler.put_off_s >= 0.003
 
 
 def test_on_a_slow_link_predictions_are_made_and_sent_online():

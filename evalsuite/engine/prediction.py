@@ -20,7 +20,6 @@ target layer; averaged within a sample (a batch row of a request), then across s
 """
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -83,7 +82,7 @@ class RowGroups:
             p.on_token(decoding)
 
 
-@dataclass
+@dataclass(slots=True)  # (made at every sparse layer: slots make it and its reads cheaper)
 class LayerState:
     """What a predictor may read at sparse layer `pos` while it runs (the engine's interface to
     predictors, evalsuite.predict)."""
@@ -118,11 +117,12 @@ def _read(args, reads) -> list[tuple[torch.Tensor, int]]:
 
 class Later:
     """A prediction put off until its request ends (see PredictionDriver._predict): the predictor's
-    call on that layer's state, made once when first asked for. `read`: the tensors it reads and
-    their versions then (_read); one written in place since would make it score another state."""
+    call `score(*args)` on that layer's state, made once when first asked for. `reads`: the LayerState
+    fields it reads; their versions are kept now (_read), and one written in place since would make
+    it score another state."""
 
-    def __init__(self, score, read=()):
-        self._score, self._scores, self._read = score, None, read
+    def __init__(self, score, args: tuple, reads=()):
+        self._score, self._args, self._scores, self._read = score, args, None, _read(args, reads)
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
@@ -130,8 +130,8 @@ class Later:
                 raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
                                    "layer ran; run with window=False (every prediction made on the spot)")
             with torch.no_grad():
-                self._scores = self._score()
-            self._score = self._read = None
+                self._scores = self._score(*self._args)
+            self._score = self._args = self._read = None
         return self._scores
 
     def candidates(self, budget: int):
@@ -152,7 +152,8 @@ class PredictionDriver:
         self.current: dict = {}  # layer -> [(prediction, native ids, rows)] per decode step of the running request
         self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
         self.put_off = 0  # predictions left for after their request (Later)
-        # what of _can_wait holds for the engine's life (its cache may be rebuilt, on the same policy)
+        # what of the test for putting a prediction off (_predict) holds for the engine's life (its cache may be
+        # rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
         self.speculating = MODES[mode].speculates
@@ -201,6 +202,9 @@ class PredictionDriver:
         score the prediction made for it, speculate, settle its prefetches, predict the layer it leads to.
         Returns the routing to run instead (a speculating layer), or None. Runs at every sparse layer of
         every token: work that is not always needed stays behind a test."""
+        # what the scheduler weighs a prediction by, made or put off, is the driver's whole work at the layer from
+        # here: recording the last prediction and timing the layer happen only because predictions are made
+        begun = time.perf_counter()
         engine, forward = self.engine, self.engine.forward
         if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
@@ -241,19 +245,26 @@ class PredictionDriver:
         if target is None:
             return replaced
         if target > 0:
-            self._predict(target, self.predictor.scores, LayerState(pos, x, self.residual.get(pos), ids, weights),
-                          self.horizon)
+            self._predict(target, begun, self.predictor.scores,
+                          LayerState(pos, x, self.residual.get(pos), ids, weights), self.horizon)
         elif decoding:  # the next token's first sparse layer
-            self._predict(0, self.predictor.next_token_scores, x)
+            self._predict(0, begun, self.predictor.next_token_scores, x)
         return replaced
 
-    def _predict(self, target: int, score, *args) -> None:
+    def _predict(self, target: int, begun: float, score, *args) -> None:
         """Predict sparse layer `target` (`score(*args)`) now, or, when the scheduler finds that no
-        prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends."""
+        prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends.
+        `begun`: when the driver's work at this layer started (time.perf_counter), what the scheduler is told
+        either path took is timed from."""
         engine, scheduler = self.engine, self.scheduler
-        begun = time.perf_counter()
-        if self._can_wait(target) and not scheduler.worth_predicting(target, self.horizon if target else 1):
-            later = Later(functools.partial(score, *args), _read(args, self.predictor.reads))
+        # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
+        # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
+        # not execute it, a cache that does not read it (may_wait), and no count by token kind.
+        forward = engine.forward
+        if (self.may_wait and forward.decoding and forward.kinds is None
+                and not (self.speculating and self.speculates(target))
+                and not scheduler.worth_predicting(target, self.horizon if target else 1)):
+            later = Later(score, args, self.predictor.reads)
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
@@ -281,14 +292,6 @@ class PredictionDriver:
             self.deferred = (target, prediction, spent)
         elif spent is not None:
             scheduler.prediction_took(spent)
-
-    def _can_wait(self, target: int) -> bool:
-        """Whether the prediction for `target` serves only prefetching and the record (recall, the
-        scheduler's precision, the trace), so it may be scored after the request: a decode step of
-        a stateless predictor, a layer that will not execute it, and a cache that does not read it."""
-        forward = self.engine.forward
-        return (self.may_wait and forward.decoding and forward.kinds is None
-                and not (self.speculating and self.speculates(target)))
 
     def release_prefetch(self) -> None:
         """Start the prefetches of the last prediction (the engine calls this after demand loads).

@@ -36,9 +36,9 @@ rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk/2 + c) second
 
 worth      a prediction is made during decoding only if its candidates' expected saving (the
            rule's margins, each times q) exceeds what making it online costs the compute thread
-           beyond putting it off (`online_cost_s`: the driver times both paths, the online one from
-           the worth test through scheduling its prefetches, their issuing left out); otherwise (a
-           fast link, a cache that already holds the layer) the driver makes it after the request,
+           beyond putting it off (`online_cost_s`: the driver times both paths from the router of the
+           layer that predicts, the online one through scheduling its prefetches, their issuing left
+           out); otherwise (a fast link, a cache that already holds the layer) the driver makes it after the request,
            for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made online
            anyway, so the precision it depends on stays current, unless no precision could make it
            pay: every candidate right and missing would save at most budget · min(t, lead), and where
@@ -99,6 +99,7 @@ class PrefetchScheduler:
         self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
         self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
+        self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
 
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
@@ -114,17 +115,25 @@ class PrefetchScheduler:
     def layer_at(self, pos: int, now: float, stalled: float) -> None:
         """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far
         (the engine's clock and counters, or the simulator's)."""
-        last = self._last
-        if last is not None and (last[0] == pos - 1 or (pos == 0 and last[0] == len(self.engine.layers) - 1)):
-            stall = max(0.0, stalled - last[2])  # waiting for the last layer's experts
-            gap = max(0.0, now - last[1] - stall)
-            if pos:
-                self.layer_s = self._ema(self.layer_s, gap)
-            else:
-                self.wrap_s = self._ema(self.wrap_s, gap)
-            if self._put_off_for.pop(last[0], False):
-                self._stalled_unaided(self.engine.layers[last[0]].index, stall)
-        self._last = (pos, now, stalled)
+        # (runs at every decode layer: written out, with no builtin or method call on the common path)
+        last, self._last = self._last, (pos, now, stalled)
+        if last is None:
+            return
+        before, then, stalled_then = last
+        if before != pos - 1 and (pos or before != len(self._index) - 1):
+            return
+        stall = stalled - stalled_then  # waiting for the last layer's experts
+        if stall < 0.0:
+            stall = 0.0
+        gap = now - then - stall
+        if gap < 0.0:
+            gap = 0.0
+        if pos:
+            self.layer_s = gap if self.layer_s is None else self._ema(self.layer_s, gap)
+        else:
+            self.wrap_s = gap if self.wrap_s is None else self._ema(self.wrap_s, gap)
+        if self._put_off_for and self._put_off_for.pop(before, False):
+            self._stalled_unaided(self._index[before], stall)
 
     def lead_s(self, target_pos: int, h: int) -> float:
         """Compute seconds from the router that predicts sparse layer `target_pos`, h sparse layers ahead,
@@ -137,12 +146,13 @@ class PrefetchScheduler:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
     def prediction_took(self, seconds: float) -> None:
-        """The compute thread spent `seconds` on one prediction made online (the worth test, the predictor,
-        ranking, scheduling)."""
+        """The compute thread spent `seconds` on one prediction made online (the driver's work at the layer that
+        made it: recording the last prediction, the worth test, the predictor, ranking, scheduling)."""
         self.predict_s = self._ema(self.predict_s, seconds)
 
     def put_off_took(self, seconds: float) -> None:
-        """The compute thread spent `seconds` putting one prediction off (the worth test, keeping its state)."""
+        """The compute thread spent `seconds` putting one prediction off (the driver's work at the layer: recording
+        the last prediction, the worth test, keeping its state)."""
         self.put_off_s = self._ema(self.put_off_s, seconds)
 
     def online_cost_s(self) -> float:
@@ -172,11 +182,10 @@ class PrefetchScheduler:
         Unknown quantities (before the first measurements) say yes."""
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
-        engine = self.engine
-        t = engine.transfers.seconds_per_transfer()
+        t = self.engine.transfers.seconds_per_transfer()
         if t is None:
             return True
-        layer = engine.layers[target_pos].index
+        layer = self._index[target_pos]
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
         ceiling, off = self.budget * min(t, lead), self.stall_off.get(layer)
