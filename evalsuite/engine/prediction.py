@@ -202,13 +202,13 @@ class PredictionDriver:
         score the prediction made for it, speculate, settle its prefetches, predict the layer it leads to.
         Returns the routing to run instead (a speculating layer), or None. Runs at every sparse layer of
         every token: work that is not always needed stays behind a test."""
-        # what the scheduler weighs a prediction by, made or put off, is the driver's whole work at the layer from
-        # here: recording the last prediction and timing the layer happen only because predictions are made
-        begun = time.perf_counter()
         engine, forward = self.engine, self.engine.forward
         if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
             return None
+        # what the scheduler weighs a prediction by, made or put off, is the driver's whole work at the layer from
+        # here: recording the last prediction and timing the layer happen only because predictions are made
+        begun = time.perf_counter()
         decoding, scheduler = forward.decoding, self.scheduler
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
             self.predictor.on_token(decoding)

@@ -272,7 +272,7 @@ class PrefetchScheduler:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
         `ranked`); returns transfers started."""
         engine = self.engine
-        layer = engine.layers[target_pos].index
+        layer = self._index[target_pos]
         ranked_candidates, candidates = candidates, candidates[: self.budget]
         missing = [(rank, e) for rank, e in enumerate(candidates) if not engine.cache.resident((layer, e))]
         self._scheduled[layer] = (ranked_candidates, missing)  # scored when the router of `layer` decides
