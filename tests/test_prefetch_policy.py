@@ -80,7 +80,7 @@ def sends_of_speculative_run(rows: int, budget: int | None = 6):
     with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=budget,
                            cache_capacity=0.5, link="4GB/s+2000us", trace=rows == 1) as engine, torch.no_grad():
         scheduler = engine.driver.scheduler
-        scheduler.layer_started = lambda pos, decoding: setattr(scheduler, "layer_s", 1e-9)
+        scheduler.layer_at = lambda pos, now, stalled: setattr(scheduler, "layer_s", 1e-9)
         sends, prefetch = [], engine.prefetch
 
         def recorded(layer, experts, demand=False, keep=()):
@@ -276,14 +276,14 @@ def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):
     because predictions are made, so on-demand loading does not pay it. Here the layer timing is made 3 ms slow."""
     from evalsuite.engine.scheduler import PrefetchScheduler
 
-    started = PrefetchScheduler.layer_started
+    timed = PrefetchScheduler.layer_at
 
-    def slow_layer_started(self, pos, decoding):
-        started(self, pos, decoding)
+    def slow_layer_at(self, pos, now, stalled):
+        timed(self, pos, now, stalled)
         time.sleep(0.003)
 
     monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: False)  # all put off
-    monkeypatch.setattr(PrefetchScheduler, "layer_started", slow_layer_started)
+    monkeypatch.setattr(PrefetchScheduler, "layer_at", slow_layer_at)
     model, ids, mask, _ = copy_and_reference(1, 4)
     with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5, link="ufs4") as engine, \
             torch.no_grad():

@@ -212,7 +212,8 @@ def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     assert not s.worth_predicting(1, 1)
     s.missing_seen.clear()  # what is known without them: the layer's miss rate says every candidate misses
     s.missing_scored.clear()
-    s._verdict.clear()  # (observe() drops a layer's verdict when its precisions change; these were changed by hand)
+    s._verdict.clear()  # (observe() drops a layer's verdicts when its precisions change; these were changed by hand)
+    s._off_left.clear()
     assert s.worth_predicting(1, 1)
 
 
@@ -235,6 +236,34 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     s.schedule(1, made, h=1)
     s.observe(7, made, {3})
     assert not s.worth_predicting(1, 1)
+
+
+def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
+    """A put-off verdict is not judged again at every layer of every token (that cost the hot path as much as the
+    rest of putting a prediction off): it stands until the layer's next ask that may explore (one in
+    EXPLORE_EVERY), until its precisions change (observe), or until the next request."""
+    from evalsuite.engine.scheduler import EXPLORE_EVERY
+
+    engine = FakeEngine()  # 1 s per copy
+    engine.miss_rate = lambda layer: 1.0
+
+    def scheduler():
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s, s.predict_s = 10.0, 2.0  # no prediction could pay
+        assert not s.worth_predicting(1, 1)
+        s.predict_s = 0.01  # now any would
+        return s
+
+    s = scheduler()
+    made = [s.worth_predicting(1, 1) for _ in range(EXPLORE_EVERY)]  # asks 2 .. EXPLORE_EVERY + 1
+    assert made == [False] * (EXPLORE_EVERY - 2) + [True, True]
+    s = scheduler()
+    s.observe(7, candidates([3, 5]), {3})
+    assert s.worth_predicting(1, 1)
+    s = scheduler()
+    s.new_request()
+    s.layer_s = 10.0
+    assert s.worth_predicting(1, 1)
 
 
 def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():

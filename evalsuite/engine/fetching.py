@@ -75,7 +75,7 @@ class ExpertFetching:
             self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=not demand)
             self._prefetched.add(key)
-            self._unsettled.setdefault(layer, {})[key] = None
+            self.unsettled.setdefault(layer, {})[key] = None
             counters.prefetches += 1
             started += 1
         self._prefetch_work(time.perf_counter() - begun, started)
@@ -97,11 +97,6 @@ class ExpertFetching:
         uses, missed = self._decode_tally.get(layer, (0, 0))
         return missed / uses if uses else 1.0
 
-    def has_unsettled(self, layer: int) -> bool:
-        """Whether sparse layer `layer` has prefetches its router has not settled yet (settle_prefetches
-        has something to do)."""
-        return layer in self._unsettled
-
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
         are cancelled (a queued copy is dropped, a moving one stops at its next chunk; the slot
@@ -110,7 +105,7 @@ class ExpertFetching:
         how many were cancelled. Only the layer's prefetches sent since its router last settled them
         are looked at (promoted in the order they were sent, cancelled newest first): the others
         landed, were promoted (and so ran, and landed) or were cancelled then."""
-        unsettled = self._unsettled.pop(layer, None)
+        unsettled = self.unsettled.pop(layer, None)
         if self.cache is None or not unsettled:
             return 0
         begun = time.perf_counter()
@@ -135,7 +130,7 @@ class ExpertFetching:
                 counters.prefetch_cancelled += 1
                 cancelled += 1
         if pinned:
-            self._unsettled[layer] = pinned  # nothing above sends a prefetch, so the layer has no newer ones
+            self.unsettled[layer] = pinned  # nothing above sends a prefetch, so the layer has no newer ones
         self._prefetch_work(time.perf_counter() - begun, 0)
         return cancelled
 

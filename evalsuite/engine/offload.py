@@ -37,8 +37,8 @@ IMPLEMENTATION = "evalsuite"
 def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
     engine, layer, pos = experts._evalsuite
     driver = engine.driver
-    if driver is not None and not driver.at_router:  # the router's input and choice: see PredictionDriver.on_layer
-        driver.on_layer(pos, hidden_states, top_k_index, top_k_weights)
+    if driver is not None and not driver.at_router:  # the router's input and choice: see PredictionDriver.on_router
+        driver.on_router(pos, None, hidden_states, None, top_k_weights, top_k_index)
     if engine.cache is None:  # resident: the model's own kernel computes, the engine only counts
         # a decode step's few rows are read in one host call: torch.unique costs a decode layer ~15 us more
         needed = sorted(experts_in(top_k_index)) if engine.forward.decoding else torch.unique(top_k_index).tolist()
@@ -134,7 +134,9 @@ class Engine(ExpertFetching):
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.forward = Forward(decoding=False, rows=1)  # the pass running now (evalsuite.engine.forward)
         self._prefetched: set = set()  # prefetched experts not yet used
-        self._unsettled: dict = {}  # sparse layer -> {its prefetches sent since its router last settled them}
+        # sparse layer -> {its prefetches sent since its router last settled them}: a layer in it has something for
+        # settle_prefetches to do (the prediction driver looks at every layer, without a call)
+        self.unsettled: dict = {}
         self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
         self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed] (miss_rate)
         self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
@@ -344,7 +346,7 @@ class Engine(ExpertFetching):
             except TransferError:
                 pass  # a failed copy leaves nothing to keep: its slot is emptied with the rest
         self._prefetched.clear()
-        self._unsettled.clear()
+        self.unsettled.clear()
         # a new, empty cache over the same slot memory (built on the meta device: nothing is allocated)
         slots = self.cache.slots
         self.cache = ExpertCache([l.index for l in self.layers], slots.shape[0], self.layout.numel,

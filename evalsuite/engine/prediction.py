@@ -99,30 +99,28 @@ def experts_in(ids: torch.Tensor) -> set[int]:
     return {e for row in ids.tolist() for e in row}
 
 
-def _read(args, reads) -> list[tuple[torch.Tensor, int]]:
-    """The tensors a prediction put off will read, with their version counters now: the model's
-    forward pass never writes its activations in place, so the prediction keeps them rather than
-    copies (a copy costs the hot path more than the whole put-off bookkeeping); Later checks it."""
-    out = []
-    for value in args:
-        if type(value) is LayerState:
-            for name in reads:
-                t = getattr(value, name)
-                if t is not None:
-                    out.append((t, t._version))
-        elif isinstance(value, torch.Tensor):
-            out.append((value, value._version))
-    return out
-
-
 class Later:
-    """A prediction put off until its request ends (see PredictionDriver._predict): the predictor's
+    """A prediction put off until its request ends (see PredictionDriver.on_router): the predictor's
     call `score(*args)` on that layer's state, made once when first asked for. `reads`: the LayerState
-    fields it reads; their versions are kept now (_read), and one written in place since would make
-    it score another state."""
+    fields it reads. Called, it gives the `budget` ranked candidates (what the trace reads).
 
-    def __init__(self, score, args: tuple, reads=()):
-        self._score, self._args, self._scores, self._read = score, args, None, _read(args, reads)
+    The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
+    will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
+    their version counters now: one written in place since would make it score another state, and is refused."""
+
+    __slots__ = ("_score", "_args", "_scores", "_read", "budget")
+
+    def __init__(self, score, args: tuple, reads=(), budget: int = 0):
+        self._score, self._args, self._scores, self.budget = score, args, None, budget
+        self._read = read = []  # (tensor, its version now)
+        for value in args:
+            if type(value) is LayerState:
+                for name in reads:
+                    t = getattr(value, name)
+                    if t is not None:
+                        read.append((t, t._version))
+            elif isinstance(value, torch.Tensor):
+                read.append((value, value._version))
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
@@ -134,9 +132,8 @@ class Later:
             self._score = self._args = self._read = None
         return self._scores
 
-    def candidates(self, budget: int):
-        """The ranked candidates, for the trace: computed when the trace is read."""
-        return lambda: ranked(self.scores(), budget)
+    def __call__(self) -> list[int]:
+        return ranked(self.scores(), self.budget)
 
 
 class PredictionDriver:
@@ -163,10 +160,10 @@ class PredictionDriver:
         last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
         self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
                           for pos in range(last + 1)]
-        # A mode that executes its predictions must change the router's output, so it hooks the router. The
-        # others are called by the engine's experts implementation (`on_layer`), which gets the router's input
-        # and choice anyway: a module hook costs every call of its module, and where predictions are put off
-        # that cost is much of the rest (docs/performance.md, "What the per-layer path costs").
+        # A mode that executes its predictions must change the router's output, so it hooks the router. For the
+        # others the engine's experts implementation calls on_router, with the router's input and choice it gets
+        # anyway: a module hook costs every call of its module, and where predictions are put off that cost is
+        # much of the rest (docs/performance.md, "What the per-layer path costs").
         self.at_router = self.speculating
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
@@ -187,12 +184,6 @@ class PredictionDriver:
             return self.on_router(pos, module, x if x.dim() == 2 else x.reshape(-1, x.shape[-1]), *output)
         return hook
 
-    def on_layer(self, pos: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
-        """Sparse layer `pos` routed (its experts implementation was called: `x` is the router's input as
-        [T, H], every family passes its experts the very tensor its router read): on_router without a hook,
-        for modes that execute no prediction (`at_router` False)."""
-        self.on_router(pos, None, x, None, weights, ids)
-
     def speculates(self, pos: int) -> bool:
         return (self.speculating and pos > 0 and self.engine.forward.decoding
                 and self.layer_of[pos] not in self.preserve)
@@ -201,7 +192,10 @@ class PredictionDriver:
         """Sparse layer `pos`'s router chose `ids` (weights `weights`) from `logits` for router input `x`:
         score the prediction made for it, speculate, settle its prefetches, predict the layer it leads to.
         Returns the routing to run instead (a speculating layer), or None. Runs at every sparse layer of
-        every token: work that is not always needed stays behind a test."""
+        every token: work that is not always needed stays behind a test.
+        For modes that execute no prediction (`at_router` False) the engine's experts implementation calls it
+        with no `router` and `logits`: `x` is then the experts' input as [T, H] (every family passes its experts
+        the very tensor its router read), `ids` and `weights` the router's choice."""
         engine, forward = self.engine, self.engine.forward
         if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
@@ -221,10 +215,13 @@ class PredictionDriver:
         layer = self.layer_of[pos]
         chosen = None
         if scheduler is not None:
-            scheduler.layer_started(pos, decoding)
-            if decoding and type(predicted) is tuple:
-                chosen = experts_in(ids)
-                scheduler.observe(layer, predicted[1], chosen)
+            if decoding:  # (the router decided at `begun`)
+                scheduler.layer_at(pos, begun, engine.stalled_s)
+                if type(predicted) is tuple:
+                    chosen = experts_in(ids)
+                    scheduler.observe(layer, predicted[1], chosen)
+            else:
+                scheduler.layer_started(pos, False)
         replaced = None
         if predicted is not None:
             # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
@@ -238,39 +235,41 @@ class PredictionDriver:
                 weights = engine.family.route_weights(router, logits, ids)
                 replaced = (logits, weights, ids)
                 chosen = None
-        if scheduler is not None and engine.has_unsettled(layer):
+        if scheduler is not None and layer in engine.unsettled:
             # the router decided: wrong guesses leave the link, right ones go first
             engine.settle_prefetches(layer, experts_in(ids) if chosen is None else chosen)
         target = self.target_of[pos]
         if target is None:
             return replaced
         if target > 0:
-            self._predict(target, begun, self.predictor.scores,
-                          LayerState(pos, x, self.residual.get(pos), ids, weights), self.horizon)
+            score, args = self.predictor.scores, (LayerState(pos, x, self.residual.get(pos), ids, weights),
+                                                  self.horizon)
         elif decoding:  # the next token's first sparse layer
-            self._predict(0, begun, self.predictor.next_token_scores, x)
-        return replaced
-
-    def _predict(self, target: int, begun: float, score, *args) -> None:
-        """Predict sparse layer `target` (`score(*args)`) now, or, when the scheduler finds that no
-        prefetch for it could pay for the prediction's own cost on this link (Later), when the request ends.
-        `begun`: when the driver's work at this layer started (time.perf_counter), what the scheduler is told
-        either path took is timed from."""
-        engine, scheduler = self.engine, self.scheduler
+            score, args = self.predictor.next_token_scores, (x,)
+        else:
+            return replaced
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
         # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
-        # not execute it, a cache that does not read it (may_wait), and no count by token kind.
-        forward = engine.forward
-        if (self.may_wait and forward.decoding and forward.kinds is None
+        # not execute it, a cache that does not read it (may_wait), and no count by token kind. It is put off when
+        # the scheduler finds that no prefetch for it could pay for making it now, on this link (Later).
+        if (self.may_wait and decoding and forward.kinds is None
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, args, self.predictor.reads)
+            later = Later(score, args, self.predictor.reads, engine.budget)
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
-                engine.tracer.predicted(self.layer_of[target], later.candidates(engine.budget))
+                engine.tracer.predicted(self.layer_of[target], later)  # ranked when the trace is read
             scheduler.put_off_took(time.perf_counter() - begun)
-            return
+        else:
+            self._predict(target, begun, score, args)
+        return replaced
+
+    def _predict(self, target: int, begun: float, score, args: tuple) -> None:
+        """Predict sparse layer `target` now (`score(*args)`) and have its prefetches sent once this layer's own
+        demand loads are queued. `begun`: when the driver's work at this layer started (time.perf_counter), what
+        the scheduler is told the prediction took is timed from (as a put-off one's)."""
+        engine, scheduler = self.engine, self.scheduler
         if torch.is_grad_enabled():  # (no context manager to enter at every layer when the caller has none)
             with torch.no_grad():
                 scores = score(*args)

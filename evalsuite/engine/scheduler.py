@@ -51,7 +51,8 @@ worth      a prediction is made during decoding only if its candidates' expected
            compute of the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
            0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in EXPLORE_EVERY
            to measure stall_off, until stall_off is over twice what the prediction must save; then one in
-           EXPLORE_EVERY². A verdict stands until the layer's precisions change (an online prediction scored).
+           EXPLORE_EVERY². A verdict stands until the layer's precisions change (an online prediction scored);
+           one to put off is not judged again until the layer's next ask that may explore (one in EXPLORE_EVERY).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
@@ -95,6 +96,7 @@ class PrefetchScheduler:
         self.put_off_s: float | None = None  # compute-thread seconds of one put off (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
         self._verdict: dict[int, tuple] = {}  # sparse layer -> (_pays's verdict, whether sure), until the next observe
+        self._off_left: dict[int, int] = {}  # sparse layer -> asks a verdict to put off still stands for (_judge)
         self.stall_off: dict[int, float] = {}  # sparse layer -> decode stall of its step when its prediction was put off
         self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
         self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
@@ -104,6 +106,7 @@ class PrefetchScheduler:
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
         self._put_off_for.clear()
+        self._off_left.clear()  # (judged with this request's layer_s, which starts unknown)
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
@@ -128,12 +131,22 @@ class PrefetchScheduler:
         gap = now - then - stall
         if gap < 0.0:
             gap = 0.0
+        smoothing = self.smoothing  # (the moving averages of _ema, written out)
         if pos:
-            self.layer_s = gap if self.layer_s is None else self._ema(self.layer_s, gap)
+            old = self.layer_s
+            self.layer_s = gap if old is None else (1 - smoothing) * old + smoothing * gap
         else:
-            self.wrap_s = gap if self.wrap_s is None else self._ema(self.wrap_s, gap)
+            old = self.wrap_s
+            self.wrap_s = gap if old is None else (1 - smoothing) * old + smoothing * gap
         if self._put_off_for and self._put_off_for.pop(before, False):
-            self._stalled_unaided(self._index[before], stall)
+            # the step's prediction for the last layer was put off: what that layer stalled is what on-demand
+            # loading stalls there, so the most any prediction for it could save (stall_off: a mean over the
+            # first steps, then a moving average, as the cache and the routing drift)
+            layer = self._index[before]
+            n = self._stall_off_n[layer] = self._stall_off_n.get(layer, 0) + 1
+            old = self.stall_off.get(layer, 0.0)
+            weight = 1.0 / n
+            self.stall_off[layer] = old + (stall - old) * (weight if weight > smoothing else smoothing)
 
     def lead_s(self, target_pos: int, h: int) -> float:
         """Compute seconds from the router that predicts sparse layer `target_pos`, h sparse layers ahead,
@@ -153,39 +166,40 @@ class PrefetchScheduler:
     def put_off_took(self, seconds: float) -> None:
         """The compute thread spent `seconds` putting one prediction off (the driver's work at the layer: recording
         the last prediction, the worth test, keeping its state)."""
-        self.put_off_s = self._ema(self.put_off_s, seconds)
+        old = self.put_off_s  # (_ema written out: this runs at every layer whose prediction is put off)
+        self.put_off_s = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
 
     def online_cost_s(self) -> float:
         """What a prediction made online costs the compute thread beyond putting it off."""
         return max(0.0, self.predict_s - (self.put_off_s or 0.0))
 
-    def _stalled_unaided(self, layer: int, stall: float) -> None:
-        """A decode step of sparse layer `layer`, whose prediction was put off, stalled `stall` seconds: what
-        on-demand loading stalls there, so the most any prediction for it could save. A mean over the first
-        steps, then a moving average (the cache and the routing drift)."""
-        n = self._stall_off_n[layer] = self._stall_off_n.get(layer, 0) + 1
-        old = self.stall_off.get(layer, 0.0)
-        self.stall_off[layer] = old + (stall - old) * max(1.0 / n, self.smoothing)
-
     def worth_predicting(self, target_pos: int, h: int) -> bool:
         """Whether predicting sparse layer `target_pos` now is worth it (`_judge`); remembers the answer, so the
         stall of that layer's step is known to be one without a prediction."""
-        online = self._judge(target_pos, h)
+        layer = self._index[target_pos]
+        left = self._off_left.get(layer)
+        if left:  # a verdict to put off stands until the layer's next exploring ask (_judge)
+            self._off_left[layer] = left - 1
+            self._asked[layer] += 1
+            self._put_off_for[target_pos] = True
+            return False
+        online = self._judge(layer, target_pos, h)
         self._put_off_for[target_pos] = not online
         return online
 
-    def _judge(self, target_pos: int, h: int) -> bool:
-        """Whether predicting sparse layer `target_pos` now is expected to save more than it costs:
-        the summed expected saving of its candidates under the send rule, each counted with how
+    def _judge(self, layer: int, target_pos: int, h: int) -> bool:
+        """Whether predicting sparse layer `target_pos` (decoder layer `layer`) now is expected to save more than
+        it costs: the summed expected saving of its candidates under the send rule, each counted with how
         often that rank's candidate was missing (q; a resident candidate saves nothing), against what
         making it online costs beyond putting it off, that saving capped at stall_off (see `worth` above).
-        Unknown quantities (before the first measurements) say yes."""
+        Unknown quantities (before the first measurements) say yes. A verdict to put off stands, unjudged, until
+        the layer's next ask that may explore (one in EXPLORE_EVERY), or until its precisions change: judging
+        anew at every layer of every token cost the hot path as much as the rest of putting a prediction off."""
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
         t = self.engine.transfers.seconds_per_transfer()
         if t is None:
             return True
-        layer = self._index[target_pos]
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
         ceiling, off = self.budget * min(t, lead), self.stall_off.get(layer)
@@ -193,7 +207,10 @@ class PrefetchScheduler:
             # even every candidate missing and right would save less (or the layer stalls less with it put off):
             # precision cannot turn the verdict, only a cheaper prediction can (predict_s, measured on online ones)
             # or a slower link, so it is measured far less often
-            return asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0
+            if asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0:
+                return True
+            self._off_left[layer] = EXPLORE_EVERY - 1 - asked % EXPLORE_EVERY
+            return False
         if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
             return True
         # A verdict stands until the precisions it rests on change (observe() drops it: an online prediction
@@ -206,6 +223,8 @@ class PrefetchScheduler:
         if pays and asked % EXPLORE_EVERY == EXPLORE_EVERY // 2 and (
                 not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == EXPLORE_EVERY // 2):
             return False  # measure what putting it off stalls (stall_off), often while that could turn the verdict
+        if not pays:
+            self._off_left[layer] = EXPLORE_EVERY - 1 - asked % EXPLORE_EVERY
         return pays
 
     def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
@@ -246,6 +265,7 @@ class PrefetchScheduler:
             self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
         self._verdict.pop(layer, None)
+        self._off_left.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""

@@ -128,10 +128,13 @@ class TraceRecorder:
             return
         ranked = ranked if callable(ranked) else list(ranked)
         routing = self._step.get(layer)
-        if routing is not None and len(routing.native):  # it routed already: this is for the next token
+        if routing is None:  # (_routing written out: this runs at every layer)
+            self._step[layer] = LayerRouting([], None, ranked)
+        elif type(routing.native) is not list or routing.native:
+            # it routed already (its choice is the router's tensor, or a list once read): this is for the next token
             self._next[layer] = ranked
         else:
-            self._routing(layer).predicted = ranked
+            routing.predicted = ranked
 
     def _routing(self, layer: int) -> LayerRouting:
         """The running step's record of `layer`, made at its first use (these run at every layer: a record
