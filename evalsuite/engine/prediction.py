@@ -29,6 +29,7 @@ import torch
 from .metrics import token_recall
 from .modes import MODES
 from .scheduler import ranked
+from .taps import tap_input
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class LayerState:
 
     pos: int  # position among the sparse layers
     x: torch.Tensor  # router input [T, H]
-    residual: torch.Tensor  # residual stream after this layer's attention [T, H]
+    residual: torch.Tensor  # residual stream after this layer's attention [..., T, H], as the layer got it
     ids: torch.Tensor  # experts this layer executes [T, K]
     weights: torch.Tensor  # their routing weights [T, K]
 
@@ -167,16 +168,17 @@ class PredictionDriver:
         self.at_router = self.speculating
         self.hooks = []
         for pos, layer in enumerate(engine.layers):
-            if "residual" in predictor.reads:  # only when read, for the same reason
-                self.hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
+            if "residual" in predictor.reads:  # only when read, and by a tap, for the same reason
+                self.hooks.append(tap_input(layer.norm, self._residual_reader(pos)))
             if self.at_router:
                 self.hooks.append(layer.router.register_forward_hook(self._router_hook(pos)))
 
-    def _residual_hook(self, pos):
-        def hook(module, args):
-            x = args[0]
-            self.residual[pos] = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        return hook
+    def _residual_reader(self, pos):
+        residual = self.residual
+
+        def read(x):  # kept as the layer got it: the predictor reshapes what it reads (a reshape costs a dispatch)
+            residual[pos] = x
+        return read
 
     def _router_hook(self, pos):
         def hook(module, args, output):

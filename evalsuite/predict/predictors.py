@@ -103,12 +103,15 @@ class QuasiPredictor(Predictor):
             offsets = self._offsets[ids.shape] = torch.arange(0, ids.numel(), ids.shape[1], device=ids.device)
         d = F.embedding_bag(ids.reshape(-1), vectors, offsets, mode="sum",
                             per_sample_weights=_float(state.weights).reshape(-1))
-        q = _float(state.residual) + d
+        residual = state.residual  # as the layer got it (LayerState): rows then tokens first, as the ids
+        if residual.dim() != 2:
+            residual = residual.reshape(-1, residual.shape[-1])
+        q = _float(residual) + d
         pos = state.pos + 1
         norm = self._norms.get(pos)
         if norm is None:
             norm = self._norms[pos] = fused_norm(self.layers[pos].norm)
-        return norm(q if q.dtype == state.residual.dtype else q.to(state.residual.dtype))
+        return norm(q if q.dtype == residual.dtype else q.to(residual.dtype))
 
     def scores(self, state, h):
         target = state.pos + 1
