@@ -261,13 +261,17 @@ def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_i
     from evalsuite.engine.prediction import LayerState, Later
 
     state = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    kept = Later(lambda s: s.x.sum(), (state,), ("x",))
-    changed = Later(lambda s: s.x.sum(), (state,), ("x",))
+    kept = Later(lambda s: s.x.sum(), state, ("x",))
+    changed = Later(lambda s: s.x.sum(), state, ("x",))
+    other = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
+    unread = Later(lambda s: s.x.sum(), other, ("x",))
     assert kept.scores() == 4.0
     state.x.add_(1)
     with pytest.raises(RuntimeError, match="changed in place"):
         changed.scores()
     assert kept.scores() == 4.0  # made once, before the change
+    other.weights.mul_(2)  # a field the prediction does not read may change
+    assert unread.scores() == 4.0
 
 
 def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):

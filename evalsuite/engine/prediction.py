@@ -102,35 +102,33 @@ def experts_in(ids: torch.Tensor) -> set[int]:
 
 class Later:
     """A prediction put off until its request ends (see PredictionDriver.on_router): the predictor's
-    call `score(*args)` on that layer's state, made once when first asked for. `reads`: the LayerState
-    fields it reads. Called, it gives the `budget` ranked candidates (what the trace reads).
+    call `score(state)` on that layer's LayerState, made once when first asked for. `reads`: the fields it
+    reads. Called, it gives the `budget` ranked candidates (what the trace reads).
 
     The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
     will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
-    their version counters now: one written in place since would make it score another state, and is refused."""
+    their version counters now: one written in place since would make it score another state, and is refused.
+    Every field's counter is taken (four reads cost the hot path less than choosing); only those read are
+    compared."""
 
-    __slots__ = ("_score", "_args", "_scores", "_read", "budget")
+    __slots__ = ("_score", "_state", "_reads", "_versions", "_scores", "budget")
 
-    def __init__(self, score, args: tuple, reads=(), budget: int = 0):
-        self._score, self._args, self._scores, self.budget = score, args, None, budget
-        self._read = read = []  # (tensor, its version now)
-        for value in args:
-            if type(value) is LayerState:
-                for name in reads:
-                    t = getattr(value, name)
-                    if t is not None:
-                        read.append((t, t._version))
-            elif isinstance(value, torch.Tensor):
-                read.append((value, value._version))
+    def __init__(self, score, state: LayerState, reads=(), budget: int = 0):
+        self._score, self._state, self._reads, self._scores, self.budget = score, state, reads, None, budget
+        residual = state.residual
+        self._versions = (state.x._version, None if residual is None else residual._version,
+                          state.ids._version, state.weights._version)
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
-            if any(t._version != version for t, version in self._read):
-                raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
-                                   "layer ran; run with window=False (every prediction made on the spot)")
+            state = self._state
+            for name, version in zip(("x", "residual", "ids", "weights"), self._versions):
+                if name in self._reads and getattr(state, name)._version != version:
+                    raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
+                                       "layer ran; run with window=False (every prediction made on the spot)")
             with torch.no_grad():
-                self._scores = self._score(*self._args)
-            self._score = self._args = self._read = None
+                self._scores = self._score(state)
+            self._score = self._state = None
         return self._scores
 
     def __call__(self) -> list[int]:
@@ -244,12 +242,12 @@ class PredictionDriver:
         if target is None:
             return replaced
         if target > 0:
-            score, args = self.predictor.scores, (LayerState(pos, x, self.residual.get(pos), ids, weights),
-                                                  self.horizon)
+            score, reads = self._score_ahead, self.predictor.reads
         elif decoding:  # the next token's first sparse layer
-            score, args = self.predictor.next_token_scores, (x,)
+            score, reads = self._score_next, ("x",)
         else:
             return replaced
+        state = LayerState(pos, x, self.residual.get(pos), ids, weights)
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
         # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
         # not execute it, a cache that does not read it (may_wait), and no count by token kind. It is put off when
@@ -257,26 +255,33 @@ class PredictionDriver:
         if (self.may_wait and decoding and forward.kinds is None
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, args, self.predictor.reads, engine.budget)
+            later = Later(score, state, reads, engine.budget)
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
                 engine.tracer.predicted(self.layer_of[target], later)  # ranked when the trace is read
             scheduler.put_off_took(time.perf_counter() - begun)
         else:
-            self._predict(target, begun, score, args)
+            self._predict(target, begun, score, state)
         return replaced
 
-    def _predict(self, target: int, begun: float, score, args: tuple) -> None:
-        """Predict sparse layer `target` now (`score(*args)`) and have its prefetches sent once this layer's own
+    def _score_ahead(self, state: LayerState) -> torch.Tensor | None:
+        return self.predictor.scores(state, self.horizon)
+
+    def _score_next(self, state: LayerState) -> torch.Tensor | None:
+        """The next token's first sparse layer, from this token's last (`state`)."""
+        return self.predictor.next_token_scores(state.x)
+
+    def _predict(self, target: int, begun: float, score, state: LayerState) -> None:
+        """Predict sparse layer `target` now (`score(state)`) and have its prefetches sent once this layer's own
         demand loads are queued. `begun`: when the driver's work at this layer started (time.perf_counter), what
         the scheduler is told the prediction took is timed from (as a put-off one's)."""
         engine, scheduler = self.engine, self.scheduler
         if torch.is_grad_enabled():  # (no context manager to enter at every layer when the caller has none)
             with torch.no_grad():
-                scores = score(*args)
+                scores = score(state)
         else:
-            scores = score(*args)
+            scores = score(state)
         if scores is None:
             return
         prediction = (scores, self.rank(scores, engine.budget))
