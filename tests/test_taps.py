@@ -68,3 +68,18 @@ def test_the_engine_taps_the_residual_and_closing_puts_the_norms_back():
         assert torch.equal(generate(model, ids, mask), generate(reference, ids, mask))
         assert engine.driver.residual  # the tap fed the driver
     assert all("forward" not in n.__dict__ for n in norms)
+
+
+def test_a_predictor_running_a_tapped_norm_feeds_no_reader():
+    """The quasi state goes through the next layer's norm: as a fused call, or for a norm of another form its
+    own forward without the tap, so a prediction's state is never recorded as the model's residual."""
+    from evalsuite.predict.predictors import fused_norm
+
+    torch.manual_seed(0)
+    norm = nn.LayerNorm(8)  # not an RMS norm: fused_norm keeps its forward
+    seen = []
+    handle = tap_input(norm, seen.append)
+    x = torch.randn(2, 8)
+    assert torch.equal(fused_norm(norm)(x), norm(x))
+    assert len(seen) == 1  # the module call alone
+    handle.remove()

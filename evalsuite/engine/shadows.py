@@ -27,6 +27,7 @@ import torch
 from .forward import Forward
 from .metrics import token_recall
 from .prediction import LayerState, recall_per_row
+from .taps import tap_input
 from .trace import LayerRouting, RoutingTrace
 
 
@@ -57,7 +58,7 @@ class ShadowPredictions:
         reads_residual = any("residual" in p.reads for p in predictors.values())
         for pos, layer in enumerate(engine.layers):
             if reads_residual:
-                self.native_hooks.append(layer.norm.register_forward_pre_hook(self._residual_hook(pos)))
+                self.native_hooks.append(tap_input(layer.norm, self._residual_reader(pos)))  # as the driver does
             self.native_hooks.append(layer.router.register_forward_hook(self._native_hook(pos)))
 
     def attach_after(self) -> None:
@@ -66,10 +67,10 @@ class ShadowPredictions:
             self.after_hooks.append(layer.router.register_forward_hook(self._after_hook(pos)))
 
     # ---- hooks ------------------------------------------------------------------------------
-    def _residual_hook(self, pos):
-        def hook(module, args):
-            self.residual[pos] = args[0].reshape(-1, args[0].shape[-1])
-        return hook
+    def _residual_reader(self, pos):
+        def read(x):  # kept as the layer got it (LayerState.residual)
+            self.residual[pos] = x
+        return read
 
     def _native_hook(self, pos):
         def hook(module, args, output):

@@ -20,7 +20,8 @@ class _Tap:
     def __init__(self, module: nn.Module):
         self.module, self.readers = module, []
         self.before = module.__dict__.get("forward")  # an instance `forward` set before the tap, else None
-        inner, readers = module.forward, self.readers
+        self.inner = inner = module.forward
+        readers = self.readers
 
         def forward(*args, **kwargs):
             x = args[0] if args else next(iter(kwargs.values()))
@@ -52,6 +53,14 @@ class TapHandle:
         if self.read is not None:
             self.tap.remove(self.read)
             self.read = None
+
+
+def untapped(module: nn.Module) -> Callable:
+    """`module`'s forward without its tap, for a caller whose input is not the model's (a predictor running
+    a layer's norm on its own state must not feed the readers)."""
+    forward = module.forward
+    tap = getattr(forward, "tap", None)
+    return forward if tap is None else tap.inner
 
 
 def tap_input(module: nn.Module, read: Callable) -> TapHandle:

@@ -98,7 +98,7 @@ class DriverClock:
     This is what one prediction made on the spot costs, read directly: the difference of two warm TPOTs
     carries both runs' noise, and on a 2-core machine it read anywhere from 0 to several times this figure
     (docs/performance.md). Not inside: the dispatch of a module hook the driver registers (the router
-    hook of a speculating mode, a residual pre-hook), a few microseconds per layer."""
+    hook of a speculating mode) or of its residual tap, a few microseconds per layer at most."""
 
     def __init__(self, engine):
         driver = engine.driver

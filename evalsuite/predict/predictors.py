@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..engine.prediction import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
 from ..engine.scheduler import ranked
+from ..engine.taps import untapped
 
 
 def router_logits(router, x: torch.Tensor) -> torch.Tensor:
@@ -25,15 +26,16 @@ def _float(t: torch.Tensor) -> torch.Tensor:
 
 def fused_norm(norm):
     """What `norm` computes, as one call where that is an RMS norm (`F.rms_norm`: one call where the
-    families' norms make eight), else its `forward`. Never a module call: that would also run the hooks
-    on the norm (the engine's, which record the residual stream the model passes it), costing time and
-    recording a prediction's state as if it were the model's. The fused call is used only where it
+    families' norms make eight), else its `forward`. Never a module call, nor the forward the engine's tap
+    wraps: either would run the hooks or the tap on the norm (the engine's, which record the residual stream
+    the model passes it), costing time and recording a prediction's state as if it were the model's. The fused call is used only where it
     agrees with the norm's own forward on a probe, to the rounding of the norm's dtype: a norm of another
-    form (a LayerNorm, an offset weight as in Gemma) keeps its forward."""
+    form (a LayerNorm, an offset weight as in Gemma) keeps its forward, without the engine's tap on it."""
+    forward = untapped(norm)
     weight = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or weight.is_meta or not isinstance(eps, float):
-        return norm.forward
+        return forward
     shape = (weight.shape[0],)
 
     def rms_norm(x):
@@ -41,16 +43,16 @@ def fused_norm(norm):
 
     probe = torch.randn(3, shape[0], generator=torch.Generator().manual_seed(0)).to(weight.device, weight.dtype) * 3
     with torch.no_grad():
-        own, fused = norm.forward(probe).float(), rms_norm(probe).float()
+        own, fused = forward(probe).float(), rms_norm(probe).float()
     tolerance = 4 * torch.finfo(weight.dtype).eps
-    return rms_norm if torch.allclose(fused, own, rtol=tolerance, atol=tolerance) else norm.forward
+    return rms_norm if torch.allclose(fused, own, rtol=tolerance, atol=tolerance) else forward
 
 
 class Predictor:
     name = ""
     horizons = (1,)  # how far ahead it can predict
     parts: tuple[str, ...] = ()  # what it reads from a calibration artifact
-    reads = ("x",)  # the LayerState fields scores() reads (the residual needs a hook per layer to record it)
+    reads = ("x",)  # the LayerState fields scores() reads (the residual needs a tap per layer to record it)
     stateless = True  # scores() depends on its arguments alone, so it may be called after the request
 
     def __init__(self, layers, family, artifact=None):
