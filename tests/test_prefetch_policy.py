@@ -261,10 +261,10 @@ def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_i
     from evalsuite.engine.prediction import LayerState, Later
 
     state = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    kept = Later(lambda s: s.x.sum(), state, ("x",))
-    changed = Later(lambda s: s.x.sum(), state, ("x",))
+    kept = Later(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
+    changed = Later(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
     other = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    unread = Later(lambda s: s.x.sum(), other, ("x",))
+    unread = Later(lambda s: s.x.sum(), ("x",), 1, 0, other.x, None, other.ids, other.weights)
     assert kept.scores() == 4.0
     state.x.add_(1)
     with pytest.raises(RuntimeError, match="changed in place"):

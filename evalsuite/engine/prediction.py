@@ -40,6 +40,8 @@ class PredictorKind:
     load: Callable  # (path, model, layers) -> the artifact `build` takes
 
 
+PUT_OFF_TIMED_EVERY = 4  # what putting a prediction off costs is timed for the first and one in this many
+
 # name -> PredictorKind: predictors register here, so the engine never imports them
 PREDICTORS: dict[str, PredictorKind] = {}
 
@@ -102,8 +104,11 @@ def experts_in(ids: torch.Tensor) -> set[int]:
 
 class Later:
     """A prediction put off until its request ends (see PredictionDriver.on_router): the predictor's
-    call `score(state)` on that layer's LayerState, made once when first asked for. `reads`: the fields it
-    reads. Called, it gives the `budget` ranked candidates (what the trace reads).
+    call `score(state)` on the LayerState of sparse layer `pos` (router input `x`, `residual`, `ids`,
+    `weights`), made once when first asked for. `reads`: the fields it reads. Called, it gives the
+    `budget` ranked candidates (what the trace reads). It keeps the fields, and builds their LayerState
+    only when scored: one object per prediction put off is less for the hot path to make and for the
+    garbage collector to walk until the request ends.
 
     The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
     will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
@@ -111,24 +116,22 @@ class Later:
     Every field's counter is taken (four reads cost the hot path less than choosing); only those read are
     compared."""
 
-    __slots__ = ("_score", "_state", "_reads", "_versions", "_scores", "budget")
+    __slots__ = ("_score", "_reads", "_scores", "budget", "_pos", "x", "residual", "ids", "weights", "_versions")
 
-    def __init__(self, score, state: LayerState, reads=(), budget: int = 0):
-        self._score, self._state, self._reads, self._scores, self.budget = score, state, reads, None, budget
-        residual = state.residual
-        self._versions = (state.x._version, None if residual is None else residual._version,
-                          state.ids._version, state.weights._version)
+    def __init__(self, score, reads, budget: int, pos: int, x, residual, ids, weights):
+        self._score, self._reads, self._scores, self.budget = score, reads, None, budget
+        self._pos, self.x, self.residual, self.ids, self.weights = pos, x, residual, ids, weights
+        self._versions = (x._version, None if residual is None else residual._version, ids._version, weights._version)
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
-            state = self._state
             for name, version in zip(("x", "residual", "ids", "weights"), self._versions):
-                if name in self._reads and getattr(state, name)._version != version:
+                if name in self._reads and getattr(self, name)._version != version:
                     raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
                                        "layer ran; run with window=False (every prediction made on the spot)")
             with torch.no_grad():
-                self._scores = self._score(state)
-            self._score = self._state = None
+                self._scores = self._score(LayerState(self._pos, self.x, self.residual, self.ids, self.weights))
+            self._score = self.x = self.residual = self.ids = self.weights = None
         return self._scores
 
     def __call__(self) -> list[int]:
@@ -247,7 +250,7 @@ class PredictionDriver:
             score, reads = self._score_next, ("x",)
         else:
             return replaced
-        state = LayerState(pos, x, self.residual.get(pos), ids, weights)
+        residual = self.residual.get(pos)
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
         # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
         # not execute it, a cache that does not read it (may_wait), and no count by token kind. It is put off when
@@ -255,14 +258,15 @@ class PredictionDriver:
         if (self.may_wait and decoding and forward.kinds is None
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, state, reads, engine.budget)
+            later = Later(score, reads, engine.budget, pos, x, residual, ids, weights)
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
                 engine.tracer.predicted(self.layer_of[target], later)  # ranked when the trace is read
-            scheduler.put_off_took(time.perf_counter() - begun)
+            if self.put_off % PUT_OFF_TIMED_EVERY == 1:  # (a moving average: a sample of them serves it)
+                scheduler.put_off_took(time.perf_counter() - begun)
         else:
-            self._predict(target, begun, score, state)
+            self._predict(target, begun, score, LayerState(pos, x, residual, ids, weights))
         return replaced
 
     def _score_ahead(self, state: LayerState) -> torch.Tensor | None:

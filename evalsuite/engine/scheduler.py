@@ -166,7 +166,7 @@ class PrefetchScheduler:
     def put_off_took(self, seconds: float) -> None:
         """The compute thread spent `seconds` putting one prediction off (the driver's work at the layer: recording
         the last prediction, the worth test, keeping its state)."""
-        old = self.put_off_s  # (_ema written out: this runs at every layer whose prediction is put off)
+        old = self.put_off_s  # (_ema written out: this runs at many layers whose prediction is put off)
         self.put_off_s = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
 
     def online_cost_s(self) -> float:
