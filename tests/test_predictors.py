@@ -161,6 +161,7 @@ class StubEngine:
                                         "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("X", (), {"nbytes": 4096})()  # a chunk is 1/64 of a copy
         self.prefetch_cost_s = None
+        self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs
         self.started = []
 
     def prefetch(self, layer, experts, keep=()):

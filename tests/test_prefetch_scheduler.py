@@ -20,6 +20,7 @@ class FakeEngine:
                                          chunk_bytes=10)
         self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
         self.prefetch_cost_s = None  # issuing a prefetch costs the compute thread nothing
+        self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs
         self.sent = []
 
     def prefetch(self, layer, experts, keep=()):
@@ -150,6 +151,26 @@ def test_a_prefetch_whose_issue_costs_more_than_it_could_save_is_not_sent():
     engine.prefetch_cost_s = 0.0
     s.schedule(1, candidates([2, 4]), h=1)
     assert engine.sent[-1] == [2, 4]
+
+
+def test_a_right_prefetch_is_charged_what_it_costs_beyond_the_demand_load_it_spares():
+    """Issuing and settling a prefetch costs the compute thread c whether it is right or wrong; a right one
+    spares a demand load's d. A sure guess that would hide 1 s is not worth 1.5 s of issuing when a demand
+    load costs nothing to start, and is when starting one costs as much as issuing a prefetch (d = c)."""
+    engine = FakeEngine()
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 10.0
+    for _ in range(200):  # rank 0 always picked
+        s.observe(7, candidates([3, 5]), {3})
+    engine.prefetch_cost_s, engine.demand_cost_s = 1.5, 0.0
+    s.schedule(1, candidates([2, 4]), h=1)
+    assert not engine.sent
+    engine.demand_cost_s = 1.5
+    s.schedule(1, candidates([2, 4]), h=1)
+    assert engine.sent == [[2]]
+    engine.demand_cost_s = None  # not measured: taken as c
+    s.schedule(1, candidates([6, 1]), h=1)
+    assert engine.sent[-1] == [6]
 
 
 def test_a_wrong_guess_is_charged_half_a_chunk_of_the_demand_loads_time():

@@ -229,6 +229,7 @@ class SchedulerStub:
                                            "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
         self.layout = type("Layout", (), {"nbytes": 4096})()
         self.prefetch_cost_s = None
+        self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs
         self.requested: list = []
 
     def prefetch(self, layer, experts, keep=()):

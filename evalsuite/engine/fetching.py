@@ -158,10 +158,14 @@ class ExpertFetching:
                 self._prefetched.discard(key)
                 counters.prefetch_used += 1
         else:
+            begun = time.perf_counter()
             counters.misses += 1
             slot, evicted = self.cache.place(key, protect)
             self._evicted(evicted)
             self._submit(key, slot, counters)
+            self.demand_work_s += time.perf_counter() - begun
+            self._demand_n += 1
+            self.demand_cost_s = self.demand_work_s / self._demand_n
         self.cache.pin(key)
 
     def _stalled(self, counters: Counters, seconds: float) -> None:

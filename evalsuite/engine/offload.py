@@ -141,6 +141,8 @@ class Engine(ExpertFetching):
         self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed] (miss_rate)
         self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
+        self.demand_work_s, self._demand_n = 0.0, 0  # compute-thread seconds starting demand loads, and how many
+        self.demand_cost_s: float | None = None  # per demand load: what a right prefetch spares (scheduler cost(r))
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
         predictor = predictor or MODES[mode].predictor  # resident takes one only when given: it measures recall
         top_k = self.layers[0].top_k

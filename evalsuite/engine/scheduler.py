@@ -26,13 +26,15 @@ q(l, r)    the share of scheduled predictions whose rank-r candidate was missing
 cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
            chunk boundary): half a chunk on average (a chunk, or the whole copy where that is
-           shorter); one still queued or already landed delays nothing. It also costs the compute
-           thread what issuing and cancelling a prefetch costs (c, measured by the engine:
-           `prefetch_cost_s`); a right one replaces a demand load that would cost the same:
-           (1 − pm)·(chunk/2 + c) seconds. On a link whose copies are shorter than c, little is
-           worth sending.
-rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk/2 + c) seconds; with `window=False`,
-           send the top `budget` regardless.
+           shorter); one still queued or already landed delays nothing. Every prefetch sent, right
+           or wrong, costs the compute thread what issuing, settling and cancelling one costs (c,
+           measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
+           replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):
+           (1 − pm)·chunk/2 + c − pm·d seconds. On ufs4 a tiny model's c is 31-34 us and d 10-14 us:
+           charging a right prefetch c − d = 0 (as d = c would) overstated what one saves there. On a
+           link whose copies are shorter than c, little is worth sending.
+rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·d seconds; with
+           `window=False`, send the top `budget` regardless.
 
 worth      a prediction is made during decoding only if its candidates' expected saving (the
            rule's margins, each times q) exceeds what making it online costs the compute thread
@@ -232,21 +234,24 @@ class PrefetchScheduler:
         stalls with its prediction put off (`off`: stall_off, None before measured), less what their wrong
         guesses cost, exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must
         exceed (a margin its noise does not cross: one step stalls anything from nothing to several copies)."""
-        wrong_s = self._wrong_s(t)
+        moving_s, issue_s, spared_s = self._costs(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(t, max(0.0, lead - (ahead + rank) * t))
-            if p * saved > (1 - p) * wrong_s:  # the candidates it would send
+            spent = (1 - p) * moving_s + issue_s - p * spared_s
+            if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
-                waste += q * (1 - p) * wrong_s
+                waste += q * spent
         if off is None:
             return saving - waste > cost, False
         return min(saving, off) - waste > cost, off > 2 * (waste + cost)
 
-    def _wrong_s(self, t: float) -> float:
-        """What a wrong prefetch is expected to cost (see cost(r)): half a chunk of the demand loads' time, and
-        its issuing."""
-        return t * self._chunk_share / 2 + (self.engine.prefetch_cost_s or 0.0)
+    def _costs(self, t: float) -> tuple[float, float, float]:
+        """What sending a prefetch costs (see cost(r)): half a chunk of the demand loads' time if it is wrong,
+        the compute thread's work on it (c), and the demand load's (d) it spares if it is right."""
+        issue = self.engine.prefetch_cost_s or 0.0
+        spared = self.engine.demand_cost_s
+        return t * self._chunk_share / 2, issue, issue if spared is None else spared
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
@@ -301,13 +306,13 @@ class PrefetchScheduler:
         t = engine.transfers.seconds_per_transfer()
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
-        wrong_s, lead = self._wrong_s(t), self.lead_s(target_pos, h)
+        (moving_s, issue_s, spared_s), lead = self._costs(t), self.lead_s(target_pos, h)
         precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
         wanted = []
         for rank, e in missing:
             p = precision[rank]
             saved = min(t, max(0.0, lead - (ahead + len(wanted)) * t))
-            if p * saved > (1 - p) * wrong_s:
+            if p * saved > (1 - p) * moving_s + issue_s - p * spared_s:
                 wanted.append(e)
         if not wanted:
             return 0

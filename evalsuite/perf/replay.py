@@ -79,6 +79,7 @@ class Replay:
         self.budget = budget
         # compute-thread seconds per prefetch, as Engine.prefetch_cost_s (measured by the engine where known)
         self.prefetch_cost_s = costs.miss_s if costs.prefetch_s is None else costs.prefetch_s
+        self.demand_cost_s = costs.miss_s  # what a demand load costs it (_spend below), so what a right prefetch spares
         self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
         self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
         self.compute = self.waited = self.predict = 0.0
