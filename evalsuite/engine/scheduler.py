@@ -42,8 +42,11 @@ worth      a prediction is made during decoding only if its candidates' expected
            layer that predicts, the online one through scheduling its prefetches, their issuing left
            out); otherwise (a fast link, a cache that already holds the layer) the driver makes it after the request,
            for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made online
-           anyway, so the precision it depends on stays current, unless no precision could make it
-           pay: every candidate right and missing would save at most budget · min(t, lead), and where
+           anyway, so what only online predictions measure (pm, q, predict_s) stays current, or one in
+           EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on measured
+           precisions: exploring
+           one in eight cost ufs4 about 1 % of TPOT where it never turned the verdict), and unless no
+           precision could make it pay: every candidate right and missing would save at most budget · min(t, lead), and where
            that is below the prediction's cost (a copy shorter than a prediction, as on a fast link
            with tiny experts, or stall_off below it: see below) one in EXPLORE_EVERY² is made online, which
            keeps that cost measured (it could fall) at an eighth of the price.
@@ -213,8 +216,6 @@ class PrefetchScheduler:
                 return True
             self._off_left[layer] = EXPLORE_EVERY - 1 - asked % EXPLORE_EVERY
             return False
-        if asked % EXPLORE_EVERY == 0:  # keep measuring: precision is learned from online predictions
-            return True
         # A verdict stands until the precisions it rests on change (observe() drops it: an online prediction
         # scored, such as the exploring one): what else it weighs drifts slowly, and judging anew at every
         # layer of every token cost more than the rest of a put-off prediction (13 of 23 us here).
@@ -222,6 +223,8 @@ class PrefetchScheduler:
         if verdict is None:
             verdict = self._verdict[layer] = self._pays(layer, t, lead, cost, off)
         pays, sure = verdict
+        if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
+            return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
         if pays and asked % EXPLORE_EVERY == EXPLORE_EVERY // 2 and (
                 not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == EXPLORE_EVERY // 2):
             return False  # measure what putting it off stalls (stall_off), often while that could turn the verdict
@@ -231,9 +234,11 @@ class PrefetchScheduler:
 
     def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
         """The verdict: whether the candidates' expected saving under the send rule, at most what the layer
-        stalls with its prediction put off (`off`: stall_off, None before measured), less what their wrong
-        guesses cost, exceeds `cost`; and whether it is sure: stall_off measured, and over twice what it must
-        exceed (a margin its noise does not cross: one step stalls anything from nothing to several copies)."""
+        stalls with its prediction put off (`off`: stall_off, None before measured), less what sending them
+        costs, exceeds `cost`; and whether it is sure. A yes is sure when stall_off is measured and over twice
+        what it must exceed (a margin its noise does not cross: one step stalls anything from nothing to several
+        copies); a no, when the net saving is under half the cost (it would have to double to pay) and rests
+        on EXPLORE_EVERY scheduled predictions scored (pm and q measured, not their priors)."""
         moving_s, issue_s, spared_s = self._costs(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
@@ -242,9 +247,11 @@ class PrefetchScheduler:
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * spent
-        if off is None:
-            return saving - waste > cost, False
-        return min(saving, off) - waste > cost, off > 2 * (waste + cost)
+        net = (saving if off is None else min(saving, off)) - waste
+        if net > cost:
+            return True, off is not None and off > 2 * (waste + cost)
+        # sure not: the saving would have to double, on precisions measured (the priors alone say little)
+        return False, 2 * net < cost and self.missing_scored.get(layer, 0) >= EXPLORE_EVERY
 
     def _costs(self, t: float) -> tuple[float, float, float]:
         """What sending a prefetch costs (see cost(r)): half a chunk of the demand loads' time if it is wrong,
