@@ -36,28 +36,29 @@ cost(r)    a wrong prefetch still moving when its router decides is cancelled, a
 rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·d seconds; with
            `window=False`, send the top `budget` regardless.
 
-worth      a prediction is made during decoding only if its candidates' expected saving (the
-           rule's margins, each times q) exceeds what making it online costs the compute thread
-           beyond putting it off (`online_cost_s`: the driver times both paths from the router of the
-           layer that predicts, the online one through scheduling its prefetches, their issuing left
-           out); otherwise (a fast link, a cache that already holds the layer) the driver makes it after the request,
-           for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made online
-           anyway, so what only online predictions measure (pm, q, predict_s) stays current, or one in
-           EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on measured
-           precisions: exploring
-           one in eight cost ufs4 about 1 % of TPOT where it never turned the verdict), and unless no
-           precision could make it pay: every candidate right and missing would save at most budget · min(t, lead), and where
-           that is below the prediction's cost (a copy shorter than a prediction, as on a fast link
-           with tiny experts, or stall_off below it: see below) one in EXPLORE_EVERY² is made online, which
-           keeps that cost measured (it could fall) at an eighth of the price.
-           The candidates' saving counts at most stall_off(l), what layer l's decode steps stalled when its
-           prediction was put off: what on-demand loading stalls there, so the most any prediction can save.
-           The rule credits a right, missing candidate with up to a whole copy, but a demand copy overlaps the
-           compute of the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
-           0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in EXPLORE_EVERY
-           to measure stall_off, until stall_off is over twice what the prediction must save; then one in
-           EXPLORE_EVERY². A verdict stands until the layer's precisions change (an online prediction scored);
-           one to put off is not judged again until the layer's next ask that may explore (one in EXPLORE_EVERY).
+worth      a prediction is made during decoding only if its candidates' expected saving (the rule's
+           margins, each times q) exceeds what making it online costs the compute thread beyond putting
+           it off (`online_cost_s`: the driver times both paths from the router of the layer that
+           predicts, the online one through scheduling its prefetches, their issuing left out);
+           otherwise (a fast link, a cache that already holds the layer) the driver makes it after the
+           request, for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made
+           online anyway, so what only online predictions measure (pm, q, predict_s) stays current, or
+           one in EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on
+           measured precisions: exploring one in eight cost ufs4 about half a percent of TPOT where it
+           never turned the verdict); and unless no precision could make it pay: every candidate right
+           and missing would save at most budget · min(t, lead), and where that is below the
+           prediction's cost (a copy shorter than a prediction, as on a fast link with tiny experts, or
+           stall_off below it: see below) one in EXPLORE_EVERY² is made online, which keeps that cost
+           measured (it could fall) at an eighth of the price. The candidates' saving counts at most
+           stall_off(l), what layer l's decode steps stalled when its prediction was put off: what
+           on-demand loading stalls there, so the most any prediction can save. The rule credits a
+           right, missing candidate with up to a whole copy, but a demand copy overlaps the compute of
+           the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
+           0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in
+           EXPLORE_EVERY to measure stall_off, until stall_off is over twice what the prediction must
+           save; then one in EXPLORE_EVERY². A verdict stands until the layer's precisions change (an
+           online prediction scored); one to put off is not judged again until the layer's next ask that
+           may explore (one in EXPLORE_EVERY).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
