@@ -80,7 +80,7 @@ def sends_of_speculative_run(rows: int, budget: int | None = 6):
     with evalsuite.offload(model, mode="speculative", predictor="gate", prefetch_budget=budget,
                            cache_capacity=0.5, link="4GB/s+2000us", trace=rows == 1) as engine, torch.no_grad():
         scheduler = engine.driver.scheduler
-        scheduler.layer_at = lambda pos, now, stalled: setattr(scheduler, "layer_s", 1e-9)
+        scheduler.layer_at = lambda pos, now, stalled, missed: setattr(scheduler, "layer_s", 1e-9)
         sends, prefetch = [], engine.prefetch
 
         def recorded(layer, experts, demand=False, keep=()):
@@ -282,8 +282,8 @@ def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):
 
     timed = PrefetchScheduler.layer_at
 
-    def slow_layer_at(self, pos, now, stalled):
-        timed(self, pos, now, stalled)
+    def slow_layer_at(self, pos, now, stalled, missed):
+        timed(self, pos, now, stalled, missed)
         time.sleep(0.003)
 
     monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: False)  # all put off

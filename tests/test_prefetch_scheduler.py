@@ -14,6 +14,7 @@ class FakeEngine:
 
     def __init__(self, prefetches_queued=0):
         self.stalled_s = 0.0  # the engine's stall total
+        self.missed = 0  # its demand loads
         self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
         self.cache = SimpleNamespace(resident=lambda key: False)
         self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
@@ -173,6 +174,42 @@ def test_a_right_prefetch_is_charged_what_it_costs_beyond_the_demand_load_it_spa
     assert engine.sent[-1] == [6]
 
 
+def put_off_steps(s, engine, misses):
+    """Decode steps of two sparse layers whose prediction for layer 1 the scheduler puts off (it costs far more
+    than a copy): at step i layer 1 misses misses[i] experts and stalls 0.1 s plus 0.3 s per miss."""
+    s.layer_s, s.predict_s, now = 10.0, 100.0, 0.0
+    for m in misses:
+        s.layer_at(0, now, engine.stalled_s, engine.missed)
+        assert not s.worth_predicting(1, 1)
+        now += 1.0
+        s.layer_at(1, now, engine.stalled_s, engine.missed)
+        engine.missed += m
+        engine.stalled_s += 0.1 + 0.3 * m
+        now += 1.0 + 0.1 + 0.3 * m
+    s.layer_at(0, now, engine.stalled_s, engine.missed)  # the last step's stall is recorded here
+
+
+def test_a_right_prefetch_saves_what_one_more_miss_stalls_where_that_is_less_than_its_copy():
+    """Demand copies overlap the compute of the layer's other experts, so one more miss can stall less than a
+    copy takes: the scheduler fits a put-off step's stall to its misses (0.3 s each here, against 1 s copies)
+    and credits a right prefetch with that. At even odds a candidate issued for 0.2 s of the compute thread
+    is worth sending to save a 1 s copy, and not to save 0.3 s; misses that never vary fit nothing."""
+    from evalsuite.engine.scheduler import MISS_FIT_AFTER
+
+    engine = FakeEngine()
+    engine.prefetch_cost_s, engine.demand_cost_s = 0.2, 0.0
+    s = PrefetchScheduler(engine, budget=2)
+    put_off_steps(s, engine, [2] * MISS_FIT_AFTER * 2)
+    assert s.stall_per_miss() is None  # every step missed two: no slope to fit
+    s.layer_s = 10.0
+    assert s.schedule(1, candidates([3, 5]), h=1) == 2
+    s = PrefetchScheduler(engine, budget=2)
+    put_off_steps(s, engine, [1, 3, 0, 2] * (MISS_FIT_AFTER // 4))
+    assert s.stall_per_miss() == pytest.approx(0.3)
+    s.layer_s = 10.0
+    assert s.schedule(1, candidates([3, 5]), h=1) == 0
+
+
 def test_a_wrong_guess_is_charged_half_a_chunk_of_the_demand_loads_time():
     """A wrong prefetch delays the demand loads only if it is still moving when its router cancels it, and
     then by what is left of its chunk: half a chunk on average. A candidate at even odds that would hide
@@ -314,14 +351,14 @@ def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0):
     answers."""
     answers, now = [], 0.0
     for _ in range(steps):
-        s.layer_at(0, now, engine.stalled_s)
+        s.layer_at(0, now, engine.stalled_s, 0)
         online = s.worth_predicting(1, 1)
         answers.append(online)
         made = candidates([3, 5])
         if online:
             s.schedule(1, made, h=1)
         now += 1.0
-        s.layer_at(1, now, engine.stalled_s)
+        s.layer_at(1, now, engine.stalled_s, 0)
         if online:
             s.observe(7, made, {3, 4})
         stall = stall_online if online else stall_put_off

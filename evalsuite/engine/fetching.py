@@ -160,6 +160,7 @@ class ExpertFetching:
         else:
             begun = time.perf_counter()
             counters.misses += 1
+            self.missed += 1
             slot, evicted = self.cache.place(key, protect)
             self._evicted(evicted)
             self._submit(key, slot, counters)

@@ -138,6 +138,7 @@ class Engine(ExpertFetching):
         # settle_prefetches to do (the prediction driver looks at every layer, without a call)
         self.unsettled: dict = {}
         self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
+        self.missed = 0  # demand loads started, over the engine's life (the scheduler's stall per miss)
         self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed] (miss_rate)
         self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)

@@ -219,7 +219,7 @@ class PredictionDriver:
         chosen = None
         if scheduler is not None:
             if decoding:  # (the router decided at `begun`)
-                scheduler.layer_at(pos, begun, engine.stalled_s)
+                scheduler.layer_at(pos, begun, engine.stalled_s, engine.missed)
                 if type(predicted) is tuple:
                     chosen = experts_in(ids)
                     scheduler.observe(layer, predicted[1], chosen)

@@ -11,6 +11,12 @@ saved(r)   the part of candidate r's copy done before its layer starts. The curr
            by the layer's start (`lead` seconds of compute later) it has moved
            min(t, max(0, lead − q·t)) of its t seconds. A copy that lands late still saves
            that part: when the router picks it, it is promoted and finishes as a demand load.
+           A landed right prefetch saves at most what one more demand miss stalls, which is less
+           than a copy where demand copies overlap the compute of the layer's other experts (a
+           fast link): `stall_per_miss`, the slope of a put-off decode step's stall on its demand
+           misses, fitted over the last MISS_MEMORY such steps of all layers, stands in for t
+           where smaller (tiny-qwen3-moe at 25 %: 0.07-0.08 ms against t = 0.147 ms on ufs4, 3.09
+           against 3.19 ms on the SD card, where the copy dwarfs the compute).
 lead       layer_s·h; for the next token's first sparse layer, the measured time from the last sparse
            layer's router to it (wrap_s: the LM head, sampling and the layers before the first sparse
            one, about 1.5 layer_s on tiny-qwen3-moe), in place of one layer_s.
@@ -71,7 +77,9 @@ import time
 import torch
 
 EXPLORE_EVERY = 8  # a verdict's other arm is still taken this often: online keeps precision current, put off stall_off
-PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
+PRIOR_WEIGHT = 2.0
+MISS_MEMORY = 256  # put-off decode steps the stall per miss is fitted over (older ones fade)
+MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time  # observations the missing candidates' precision starts from (at the rank's precision)
 
 
 def ranked(scores: torch.Tensor, budget: int) -> list[int]:
@@ -106,6 +114,9 @@ class PrefetchScheduler:
         self.stall_off: dict[int, float] = {}  # sparse layer -> decode stall of its step when its prediction was put off
         self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
         self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
+        # moving means of (m, s, m², m·s) over put-off decode steps, m demand misses and s stall: s's slope in m
+        # is what one more miss stalls (stall_per_miss)
+        self._miss_fit, self._miss_fit_n = [0.0, 0.0, 0.0, 0.0], 0
         self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
 
@@ -119,16 +130,16 @@ class PrefetchScheduler:
         if not decoding:  # prefill layers take far longer than decode ones
             self._last = None
             return
-        self.layer_at(pos, time.perf_counter(), self.engine.stalled_s)
+        self.layer_at(pos, time.perf_counter(), self.engine.stalled_s, self.engine.missed)
 
-    def layer_at(self, pos: int, now: float, stalled: float) -> None:
-        """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall recorded so far
-        (the engine's clock and counters, or the simulator's)."""
+    def layer_at(self, pos: int, now: float, stalled: float, missed: int) -> None:
+        """Decode sparse layer `pos` routed at `now`, with `stalled` seconds of stall and `missed` demand
+        loads recorded so far (the engine's clock and counters, or the simulator's)."""
         # (runs at every decode layer: written out, with no builtin or method call on the common path)
-        last, self._last = self._last, (pos, now, stalled)
+        last, self._last = self._last, (pos, now, stalled, missed)
         if last is None:
             return
-        before, then, stalled_then = last
+        before, then, stalled_then, missed_then = last
         if before != pos - 1 and (pos or before != len(self._index) - 1):
             return
         stall = stalled - stalled_then  # waiting for the last layer's experts
@@ -153,6 +164,15 @@ class PrefetchScheduler:
             old = self.stall_off.get(layer, 0.0)
             weight = 1.0 / n
             self.stall_off[layer] = old + (stall - old) * (weight if weight > smoothing else smoothing)
+            # the same step's demand misses beside its stall, for the stall one more miss adds (no prefetch of this
+            # layer's in flight to wait for: what its misses stall alone)
+            m, fit = missed - missed_then, self._miss_fit
+            n = self._miss_fit_n = self._miss_fit_n + 1
+            weight = 1.0 / n if n < MISS_MEMORY else 1.0 / MISS_MEMORY
+            fit[0] += (m - fit[0]) * weight
+            fit[1] += (stall - fit[1]) * weight
+            fit[2] += (m * m - fit[2]) * weight
+            fit[3] += (m * stall - fit[3]) * weight
 
     def lead_s(self, target_pos: int, h: int) -> float:
         """Compute seconds from the router that predicts sparse layer `target_pos`, h sparse layers ahead,
@@ -160,6 +180,25 @@ class PrefetchScheduler:
         if target_pos >= h or self.wrap_s is None:
             return self.layer_s * h
         return self.layer_s * (h - 1) + self.wrap_s
+
+    def stall_per_miss(self) -> float | None:
+        """What one more demand miss stalls a decode step: the least-squares slope of a put-off step's stall on its
+        demand misses (over the last ~MISS_MEMORY such steps, all layers together); None before MISS_FIT_AFTER
+        steps, or while their misses hardly vary."""
+        if self._miss_fit_n < MISS_FIT_AFTER:
+            return None
+        m, stall, mm, ms = self._miss_fit
+        spread = mm - m * m  # the misses' variance
+        if spread < 0.1:
+            return None
+        slope = (ms - m * stall) / spread
+        return slope if slope > 0.0 else 0.0
+
+    def _hit_saves(self, t: float) -> float:
+        """What a right prefetch that has landed saves: its copy's time t, or what one more miss stalls where
+        that is less (demand copies overlap the compute of the layer's other experts)."""
+        per_miss = self.stall_per_miss()
+        return t if per_miss is None or per_miss > t else per_miss
 
     def _ema(self, old, new):
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
@@ -208,7 +247,7 @@ class PrefetchScheduler:
             return True
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
-        ceiling, off = self.budget * min(t, lead), self.stall_off.get(layer)
+        ceiling, off = self.budget * min(self._hit_saves(t), lead), self.stall_off.get(layer)
         if ceiling <= cost or (off is not None and off <= cost):
             # even every candidate missing and right would save less (or the layer stalls less with it put off):
             # precision cannot turn the verdict, only a cheaper prediction can (predict_s, measured on online ones)
@@ -240,10 +279,10 @@ class PrefetchScheduler:
         what it must exceed (a margin its noise does not cross: one step stalls anything from nothing to several
         copies); a no, when the net saving is under half the cost (it would have to double to pay) and rests
         on EXPLORE_EVERY scheduled predictions scored (pm and q measured, not their priors)."""
-        moving_s, issue_s, spared_s = self._costs(t)
+        (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
-            saved = min(t, max(0.0, lead - (ahead + rank) * t))
+            saved = min(hit_saves, max(0.0, lead - (ahead + rank) * t))
             spent = (1 - p) * moving_s + issue_s - p * spared_s
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
@@ -316,10 +355,10 @@ class PrefetchScheduler:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
         (moving_s, issue_s, spared_s), lead = self._costs(t), self.lead_s(target_pos, h)
         precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
-        wanted = []
+        wanted, hit_saves = [], self._hit_saves(t)
         for rank, e in missing:
             p = precision[rank]
-            saved = min(t, max(0.0, lead - (ahead + len(wanted)) * t))
+            saved = min(hit_saves, max(0.0, lead - (ahead + len(wanted)) * t))
             if p * saved > (1 - p) * moving_s + issue_s - p * spared_s:
                 wanted.append(e)
         if not wanted:

@@ -83,6 +83,7 @@ class Replay:
         self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
         self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
         self.compute = self.waited = self.predict = 0.0
+        self.missed = 0  # demand loads over the replay (the engine's `missed`)
         self.decode, self.prefill = Counters(), Counters()
         self.counters = self.decode  # the ones being counted into
         self.tpots: list[float] = []
@@ -149,7 +150,7 @@ class Replay:
         self._spend(self.costs.dense_s)  # up to the router
         predicted = self.pending.pop(pos, None)
         if self.scheduler is not None:
-            self.scheduler.layer_at(pos, self.t, self.waited)
+            self.scheduler.layer_at(pos, self.t, self.waited, self.missed)
             if predicted is not None:
                 self.scheduler.observe(layer, predicted, set(routing.native))
         executed = (executed_experts(self.mode, pos, routing, self.trace.top_k) if predicted is not None
@@ -232,6 +233,7 @@ class Replay:
                 self.counters.prefetch_used += 1
         else:
             self.counters.misses += 1
+            self.missed += 1
             _, evicted = self.cache.place(key, protect)
             self._evicted(evicted)
             self._submit(key, prefetch=False)
