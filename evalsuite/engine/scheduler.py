@@ -62,7 +62,12 @@ worth      a prediction is made during decoding only if its candidates' expected
            the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
            0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in
            EXPLORE_EVERY to measure stall_off, until stall_off is over twice what the prediction must
-           save; then one in EXPLORE_EVERY². A verdict stands until the layer's precisions change (an
+           save, or a floor under it is (the layer's expected demand misses' copies less a layer's
+           compute: on the SD card each put-off step stalls a copy, and the floor spares them); then
+           one in EXPLORE_EVERY², the first at ask EXPLORE_EVERY² − EXPLORE_EVERY/2. stall_off caps the
+           saving, or vetoes the prediction, only once it rests on STALL_OFF_AFTER steps: a lone step
+           that stalled nothing (every expert resident) put SD-card layers off for a dozen steps. A
+           verdict stands until the layer's precisions change (an
            online prediction scored); one to put off is not judged again until the layer's next ask that
            may explore (one in EXPLORE_EVERY).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
@@ -77,9 +82,10 @@ import time
 import torch
 
 EXPLORE_EVERY = 8  # a verdict's other arm is still taken this often: online keeps precision current, put off stall_off
-PRIOR_WEIGHT = 2.0
+PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
+STALL_OFF_AFTER = 3  # put-off steps stall_off must rest on before it caps what a prediction can save
 MISS_MEMORY = 256  # put-off decode steps the stall per miss is fitted over (older ones fade)
-MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time  # observations the missing candidates' precision starts from (at the rank's precision)
+MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time
 
 
 def ranked(scores: torch.Tensor, budget: int) -> list[int]:
@@ -248,7 +254,7 @@ class PrefetchScheduler:
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
         ceiling, off = self.budget * min(self._hit_saves(t), lead), self.stall_off.get(layer)
-        if ceiling <= cost or (off is not None and off <= cost):
+        if ceiling <= cost or (off is not None and off <= cost and self._stall_off_n[layer] >= STALL_OFF_AFTER):
             # even every candidate missing and right would save less (or the layer stalls less with it put off):
             # precision cannot turn the verdict, only a cheaper prediction can (predict_s, measured on online ones)
             # or a slower link, so it is measured far less often
@@ -265,20 +271,25 @@ class PrefetchScheduler:
         pays, sure = verdict
         if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
             return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
+        # (a sure yes is first put off at ask EXPLORE_EVERY² − EXPLORE_EVERY/2, not at the first phase: a request
+        # of a few dozen tokens on a fresh engine then puts none off, where each would stall a copy)
+        rarely = EXPLORE_EVERY * EXPLORE_EVERY
         if pays and asked % EXPLORE_EVERY == EXPLORE_EVERY // 2 and (
-                not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == EXPLORE_EVERY // 2):
+                not sure or asked % rarely == rarely - EXPLORE_EVERY // 2):
             return False  # measure what putting it off stalls (stall_off), often while that could turn the verdict
         if not pays:
             self._off_left[layer] = EXPLORE_EVERY - 1 - asked % EXPLORE_EVERY
         return pays
 
     def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
-        """The verdict: whether the candidates' expected saving under the send rule, at most what the layer
-        stalls with its prediction put off (`off`: stall_off, None before measured), less what sending them
-        costs, exceeds `cost`; and whether it is sure. A yes is sure when stall_off is measured and over twice
-        what it must exceed (a margin its noise does not cross: one step stalls anything from nothing to several
-        copies); a no, when the net saving is under half the cost (it would have to double to pay) and rests
-        on EXPLORE_EVERY scheduled predictions scored (pm and q measured, not their priors)."""
+        """The verdict: whether the candidates' expected saving under the send rule, at most what the layer stalls
+        with its prediction put off (`off`: stall_off, None before measured; a cap once it rests on
+        STALL_OFF_AFTER steps), less what sending them costs, exceeds `cost`; and whether it is sure. A yes is
+        sure when stall_off is measured and over twice what it must exceed (a margin its noise does not cross:
+        one step stalls anything from nothing to several copies), or when a floor under it is (the put-off steps
+        that measure it each cost a copy's stall on the SD card, where the floor needs no measuring); a no, when
+        the net saving is under half the cost (it would have to double to pay) and rests on EXPLORE_EVERY
+        scheduled predictions scored (pm and q measured, not their priors)."""
         (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
@@ -287,9 +298,17 @@ class PrefetchScheduler:
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * spent
-        net = (saving if off is None else min(saving, off)) - waste
+        # stall_off caps the saving once it rests on STALL_OFF_AFTER steps: one step stalls anything from nothing
+        # (every expert resident) to several copies, and a lone zero put the SD card's layers off for a dozen
+        # steps (a wrong no costs a copy's stall there; a wrong yes, on a fast link, a prediction's compute)
+        capped = off is not None and self._stall_off_n[layer] >= STALL_OFF_AFTER
+        net = (min(saving, off) if capped else saving) - waste
         if net > cost:
-            return True, off is not None and off > 2 * (waste + cost)
+            # sure: the layer is known to stall with it put off over twice what it must save, measured, or by a
+            # floor that needs no measuring where a copy outlasts a layer's compute (the SD card): its expected
+            # demand misses' copies less all the compute they could overlap
+            floor = self.engine.miss_rate(layer) * self.budget * t - self.layer_s
+            return True, (off is not None and off > 2 * (waste + cost)) or floor > 2 * (waste + cost)
         # sure not: the saving would have to double, on precisions measured (the priors alone say little)
         return False, 2 * net < cost and self.missing_scored.get(layer, 0) >= EXPLORE_EVERY
 
