@@ -63,13 +63,12 @@ worth      a prediction is made during decoding only if its candidates' expected
            0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in
            EXPLORE_EVERY to measure stall_off, until stall_off is over twice what the prediction must
            save, or a floor under it is (the layer's expected demand misses' copies less a layer's
-           compute: on the SD card each put-off step stalls a copy, and the floor spares them); then
-           one in EXPLORE_EVERY², the first at ask EXPLORE_EVERY² − EXPLORE_EVERY/2. stall_off caps the
+           compute: on the SD card each put-off step stalls a copy, and the floor spares them); then one
+           in EXPLORE_EVERY², the first at ask EXPLORE_EVERY² − EXPLORE_EVERY/2. stall_off caps the
            saving, or vetoes the prediction, only once it rests on STALL_OFF_AFTER steps: a lone step
            that stalled nothing (every expert resident) put SD-card layers off for a dozen steps. A
-           verdict stands until the layer's precisions change (an
-           online prediction scored); one to put off is not judged again until the layer's next ask that
-           may explore (one in EXPLORE_EVERY).
+           verdict stands until the layer's precisions change (an online prediction scored); one to put
+           off is not judged again until the layer's next ask that may explore (one in EXPLORE_EVERY).
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
