@@ -330,7 +330,7 @@ def test_the_miss_rate_the_scheduler_starts_from_counts_decode_uses_only():
         for step in trace.steps:
             for e in step[pos].native:
                 uses, missed, seen = uses + 1, missed + (e not in seen), seen | {e}
-        assert rates[layer] == missed / uses
+        assert rates[layer] == (missed + 1) / (uses + 1)  # from a prior of one use that missed
 
 
 def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches(monkeypatch):

@@ -18,7 +18,7 @@ class FakeEngine:
         self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
         self.cache = SimpleNamespace(resident=lambda key: False)
         self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
-                                         chunk_bytes=10)
+                                         chunk_bytes=10, chunk_s=None)
         self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
         self.prefetch_cost_s = None  # issuing a prefetch costs the compute thread nothing
         self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs
@@ -104,6 +104,33 @@ def test_a_copy_that_lands_after_the_layer_starts_still_goes():
     s.layer_s = 0.5  # half a copy's time before the layer starts: it hides half of it
     assert s.schedule(1, candidates([3, 5]), h=1) >= 1
     assert engine.sent[0][0] == 3
+
+
+def test_a_wrong_guess_costs_half_a_chunk_of_the_link_s_own_time():
+    """A wrong prefetch moving when its router decides holds the demand loads to its chunk's end. On an emulated
+    link the chunk's time is the link's figure (bytes over bandwidth): a copy's latency is no part of it, and on
+    the SD card, where it is a third of a copy, a chunk's share of the copy's time charged 0.73 ms, not 0.5. Here
+    half a 1 s copy is latency: 0.1 s chunks of its 500 bytes, not 0.5 s. At a precision of a third, a copy that
+    hides 0.2 s pays against 0.05 s (half a chunk) wasted two times in three, not against 0.25 s."""
+    from evalsuite.engine.lazy_link import LazyLink
+    from evalsuite.engine.transfer import LINKS, TransferWorker
+
+    sent = {}
+    for chunk_s in (0.1, None):  # None: a real link, whose chunk is its share of a copy's measured time
+        engine = FakeEngine()
+        engine.transfers.chunk_bytes, engine.transfers.chunk_s = 500, chunk_s
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s = 0.2
+        s.seen[7], s.picked[7] = 1, [0, 0]  # (0 + 1) / (1 + 2): right a third of the time
+        s.schedule(1, candidates([3, 5]), h=1)
+        sent[chunk_s] = engine.sent
+    assert sent == {0.1: [[3]], None: []}
+    assert LazyLink(None, LINKS["sdcard"]).chunk_s == pytest.approx(1e-3)  # 90 kB at 90 MB/s
+    worker = TransferWorker(None, torch.device("cpu"), LINKS["sdcard"])
+    try:
+        assert worker.chunk_s == pytest.approx(1e-3)
+    finally:
+        worker.close()
 
 
 def test_a_rank_the_router_never_confirms_is_not_sent():
@@ -283,7 +310,8 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
     engine.miss_rate = lambda layer: 1.0
     s = PrefetchScheduler(engine, budget=2)
-    s.layer_s, s.predict_s = 10.0, 0.2
+    # (a prediction that could save EXPLORE_EVERY times what it takes is made online on an unsure no: not this one)
+    s.layer_s, s.predict_s = 10.0, 0.3
     assert s.worth_predicting(1, 1)  # nothing known: every candidate misses, at even odds
     engine.prefetch_cost_s = 100.0  # what it rests on drifts (a wrong guess now costs more than a copy saves)
     assert s.worth_predicting(1, 1)
@@ -342,6 +370,29 @@ def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     s.layer_s, s.predict_s = 10.0, 1.9  # a perfect prediction would pay; one at even odds does not
     made = [s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY)]
     assert sum(made) == 3 and made[EXPLORE_EVERY - 1]
+
+
+def test_an_unsure_no_is_made_online_where_a_prediction_could_save_many_times_what_it_takes():
+    """On a slow link a wrong no stalls a copy where a wrong yes costs a prediction's compute: a no resting on the
+    first observations (on the SD card, the first token's two hits read a miss rate of 0 and put a layer off for
+    five tokens) is made online, and scored, where every candidate right and missing would save over EXPLORE_EVERY
+    times what a prediction takes. A sure no is not; nor an unsure one where the prediction is dearer."""
+    from evalsuite.engine.scheduler import EXPLORE_EVERY
+
+    def asked(predict_s, scored, asks=EXPLORE_EVERY - 1):
+        engine = FakeEngine()  # 1 s per copy
+        engine.miss_rate = lambda layer: 1.0
+        engine.prefetch_cost_s = 0.5  # a prefetch pays only if right over a third of the time
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s, s.predict_s = 10.0, predict_s
+        s.seen[7], s.picked[7] = 20, [0, 0]  # never right
+        s.missing_seen[7], s.missing_picked[7], s.missing_scored[7] = [scored, scored], [0, 0], scored
+        return [s.worth_predicting(1, 1) for _ in range(asks)]
+
+    ceiling = 2 * 1.0  # two candidates, each a whole 1 s copy
+    assert all(asked(0.9 * ceiling / EXPLORE_EVERY, scored=1))  # unsure (one scored), cheap: online
+    assert not any(asked(1.1 * ceiling / EXPLORE_EVERY, scored=1))  # unsure, dearer: put off
+    assert not any(asked(0.9 * ceiling / EXPLORE_EVERY, scored=EXPLORE_EVERY))  # sure (never right in 8): put off
 
 
 def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0):

@@ -226,7 +226,8 @@ class SchedulerStub:
         self.layers = [type("Layer", (), {"index": i})() for i in range(3)]
         self.cache = type("Cache", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("Link", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
-                                           "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
+                                           "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,
+                                           "chunk_s": None})()
         self.layout = type("Layout", (), {"nbytes": 4096})()
         self.prefetch_cost_s = None
         self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs

@@ -91,11 +91,13 @@ class ExpertFetching:
 
     def miss_rate(self, layer: int) -> float:
         """Share of sparse layer `layer`'s decode expert uses so far that would have missed without prefetching:
-        misses, and hits on experts a prefetch brought (1 before any use). Decode only: a prefill starts on a
-        cold cache, and its misses would keep the rate high long after the cache warmed (on a 32-token request
-        at a 50 % cache, the scheduler then expected 2.6 times the missing candidates there were)."""
+        misses, and hits on experts a prefetch brought, from a prior of one use that missed (1 before any use:
+        the first decode token's two hits on the SD card read 0, and the scheduler put that layer's predictions
+        off for the next six tokens, each a copy's stall). Decode only: a prefill starts on a cold cache, and its
+        misses would keep the rate high long after the cache warmed (on a 32-token request at a 50 % cache, the
+        scheduler then expected 2.6 times the missing candidates there were)."""
         uses, missed = self._decode_tally.get(layer, (0, 0))
-        return missed / uses if uses else 1.0
+        return (missed + 1) / (uses + 1)
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick

@@ -107,6 +107,7 @@ class LazyLink:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be a positive number of bytes")
         self.store, self.link, self.timeout_s = store, link, timeout_s
         self.chunk_bytes = chunk_bytes or default_chunk_bytes(link)
+        self.chunk_s = self.chunk_bytes / link.bandwidth  # link time of one chunk
         self.schedule: SerialLink | None = None  # made at the first copy, which tells the copy's size
         self.handoffs: list[float] = []  # per blocked wait: from the landing time to the waiter running
         self._nbytes = None

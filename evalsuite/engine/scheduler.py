@@ -31,11 +31,12 @@ q(l, r)    the share of scheduled predictions whose rank-r candidate was missing
            the layer's decode miss rate (Engine.miss_rate) the same way.
 cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
-           chunk boundary): half a chunk on average (a chunk, or the whole copy where that is
-           shorter); one still queued or already landed delays nothing. Every prefetch sent, right
-           or wrong, costs the compute thread what issuing, settling and cancelling one costs (c,
-           measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
-           replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):
+           chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
+           it is emulated, or the whole copy where that is shorter); one still queued or already
+           landed delays nothing. Every prefetch sent, right or wrong, costs the compute thread what
+           issuing, settling and cancelling one costs (c, measured by the engine: `prefetch_cost_s`),
+           and a right one spares the demand load it replaces (d, `demand_cost_s`, measured on the
+           engine's misses; c where not measured):
            (1 − pm)·chunk/2 + c − pm·d seconds. On ufs4 a tiny model's c is 31-34 us and d 10-14 us:
            charging a right prefetch c − d = 0 (as d = c would) overstated what one saves there. On a
            link whose copies are shorter than c, little is worth sending.
@@ -69,6 +70,9 @@ worth      a prediction is made during decoding only if its candidates' expected
            that stalled nothing (every expert resident) put SD-card layers off for a dozen steps. A
            verdict stands until the layer's precisions change (an online prediction scored); one to put
            off is not judged again until the layer's next ask that may explore (one in EXPLORE_EVERY).
+           A no that is not sure is made online anyway where every candidate right and missing would save
+           over EXPLORE_EVERY times what a prediction takes (predict_s; a slow link): there a wrong no
+           stalls copies and a wrong yes costs one prediction.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
@@ -122,7 +126,11 @@ class PrefetchScheduler:
         # moving means of (m, s, m², m·s) over put-off decode steps, m demand misses and s stall: s's slope in m
         # is what one more miss stalls (stall_per_miss)
         self._miss_fit, self._miss_fit_n = [0.0, 0.0, 0.0, 0.0], 0
-        self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # of one copy
+        # a chunk's link time: the link's own figure where it knows one (an emulated link: a copy's latency is no
+        # part of a chunk, and on the SD card, a third of a copy, taking a chunk's share of a copy's time made a
+        # wrong guess cost 0.73 ms, not 0.5), else its share of a copy's measured time
+        self._chunk_s = engine.transfers.chunk_s
+        self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
 
     def new_request(self) -> None:
@@ -268,6 +276,12 @@ class PrefetchScheduler:
         if verdict is None:
             verdict = self._verdict[layer] = self._pays(layer, t, lead, cost, off)
         pays, sure = verdict
+        if not pays and not sure and ceiling > EXPLORE_EVERY * self.predict_s:
+            # a no on thin evidence where a prediction could save many times what it takes to make (a slow link):
+            # a wrong no stalls far more than a wrong yes costs, so it is made online, and scored (on the SD card,
+            # a no from the first token's pm and q put a layer off for five tokens). (predict_s, not the cost
+            # beyond putting off: that difference of two noisy times can read near 0, and on ufs4 it did)
+            return True
         if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
             return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
         # (a sure yes is first put off at ask EXPLORE_EVERY² − EXPLORE_EVERY/2, not at the first phase: a request
@@ -316,7 +330,8 @@ class PrefetchScheduler:
         the compute thread's work on it (c), and the demand load's (d) it spares if it is right."""
         issue = self.engine.prefetch_cost_s or 0.0
         spared = self.engine.demand_cost_s
-        return t * self._chunk_share / 2, issue, issue if spared is None else spared
+        chunk = t * self._chunk_share if self._chunk_s is None or self._chunk_s > t else self._chunk_s
+        return chunk / 2, issue, issue if spared is None else spared
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""

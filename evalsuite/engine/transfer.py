@@ -166,6 +166,8 @@ class TransferWorker:
         self.store, self.link, self.timeout_s = store, link, timeout_s
         self.copies = copies or (CudaCopies(device) if device.type == "cuda" else HostCopies())
         self.chunk_bytes = chunk_bytes or default_chunk_bytes(link)
+        # link time of one chunk where the link is emulated (a copy's latency aside); a real link's is measured
+        self.chunk_s = None if link is None else self.chunk_bytes / link.bandwidth
         self.busy_s = 0.0  # link time of every chunk moved, cancelled transfers' included
         self.handoffs: list[float] = []  # per blocked wait: from the copy issued to the waiter running
         self._lock = threading.Condition()

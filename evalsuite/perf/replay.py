@@ -48,7 +48,7 @@ class _LinkView:
 
     def __init__(self, replay: "Replay"):
         self.replay = replay
-        self.chunk_bytes = replay.link.chunk_s
+        self.chunk_bytes = self.chunk_s = replay.link.chunk_s
 
     def pending(self) -> int:
         return self.replay.link.pending(self.replay.t)
@@ -218,9 +218,9 @@ class Replay:
             self.cache.unpin(key)
 
     def miss_rate(self, layer: int) -> float:
-        """Engine.miss_rate: decode uses that would have missed without prefetching."""
+        """Engine.miss_rate: decode uses that would have missed without prefetching, from a prior of one miss."""
         uses, misses = self._layer_uses.get(layer, (0, 0))
-        return misses / uses if uses else 1.0
+        return (misses + 1) / (uses + 1)
 
     def _acquire(self, key, protect) -> None:
         if not self.prefilling:  # a prefetched expert's use would have missed
