@@ -158,7 +158,8 @@ class StubEngine:
         self.layers = [type("L", (), {"index": i})() for i in range(3)]
         self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
-                                        "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64})()
+                                        "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,
+                                        "chunk_s": None})()
         self.layout = type("X", (), {"nbytes": 4096})()  # a chunk is 1/64 of a copy
         self.prefetch_cost_s = None
         self.demand_cost_s = None  # unmeasured: a right prefetch spares what it costs
