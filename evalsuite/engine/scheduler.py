@@ -70,9 +70,6 @@ worth      a prediction is made during decoding only if its candidates' expected
            that stalled nothing (every expert resident) put SD-card layers off for a dozen steps. A
            verdict stands until the layer's precisions change (an online prediction scored); one to put
            off is not judged again until the layer's next ask that may explore (one in EXPLORE_EVERY).
-           A no that is not sure is made online anyway where every candidate right and missing would save
-           over EXPLORE_EVERY times what a prediction takes (predict_s; a slow link): there a wrong no
-           stalls copies and a wrong yes costs one prediction.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; reset per request (a
            request's first decode token has no measurement yet and sends the top `budget`). wrap_s
@@ -276,12 +273,6 @@ class PrefetchScheduler:
         if verdict is None:
             verdict = self._verdict[layer] = self._pays(layer, t, lead, cost, off)
         pays, sure = verdict
-        if not pays and not sure and ceiling > EXPLORE_EVERY * self.predict_s:
-            # a no on thin evidence where a prediction could save many times what it takes to make (a slow link):
-            # a wrong no stalls far more than a wrong yes costs, so it is made online, and scored (on the SD card,
-            # a no from the first token's pm and q put a layer off for five tokens). (predict_s, not the cost
-            # beyond putting off: that difference of two noisy times can read near 0, and on ufs4 it did)
-            return True
         if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
             return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
         # (a sure yes is first put off at ask EXPLORE_EVERY² − EXPLORE_EVERY/2, not at the first phase: a request
