@@ -321,7 +321,7 @@ class PrefetchScheduler:
         the compute thread's work on it (c), and the demand load's (d) it spares if it is right."""
         issue = self.engine.prefetch_cost_s or 0.0
         spared = self.engine.demand_cost_s
-        chunk = t * self._chunk_share if self._chunk_s is None or self._chunk_s > t else self._chunk_s
+        chunk = t * self._chunk_share if self._chunk_s is None else min(t, self._chunk_s)
         return chunk / 2, issue, issue if spared is None else spared
 
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
