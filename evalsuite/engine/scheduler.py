@@ -127,7 +127,8 @@ class PrefetchScheduler:
         # part of a chunk, and on the SD card, a third of a copy, taking a chunk's share of a copy's time made a
         # wrong guess cost 0.73 ms, not 0.5), else its share of a copy's measured time
         self._chunk_s = engine.transfers.chunk_s
-        self._chunk_share = min(1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)
+        self._chunk_share = None if self._chunk_s is not None else min(
+            1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # (asked of a real link only)
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
 
     def new_request(self) -> None:

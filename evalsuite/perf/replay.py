@@ -7,7 +7,7 @@ instead of the wall clock. What this file models is the control flow around them
 as Engine.weights_in_order / prefetch / settle_prefetches and PredictionDriver.on_router /
 release_prefetch run it, over a SerialLink (evalsuite.engine.serial_link) instead of the transfer
 worker. The replay is the engine object the scheduler talks to: `layers`, `cache`,
-`transfers`, `layout`, `prefetch`.
+`transfers`, `prefetch`.
 """
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ def executed_experts(mode: str, pos: int, routing, top_k: int) -> list[int]:
 
 class _LinkView:
     """The TransferWorker calls PrefetchScheduler makes, answered by the simulated link at the
-    replay's time. Sizes are in link seconds: chunk_bytes / layout.nbytes is a chunk's share of a copy."""
+    replay's time. The link names its chunk's time (`chunk_s`), as an emulated link does."""
 
     def __init__(self, replay: "Replay"):
         self.replay = replay
-        self.chunk_bytes = self.chunk_s = replay.link.chunk_s
+        self.chunk_s = replay.link.chunk_s
 
     def pending(self) -> int:
         return self.replay.link.pending(self.replay.t)
@@ -75,7 +75,6 @@ class Replay:
         self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy, per_layer)
         self.link = SerialLink(costs.transfer_s, costs.chunk_s)
         self.transfers = _LinkView(self)
-        self.layout = SimpleNamespace(nbytes=costs.transfer_s)
         self.budget = budget
         # compute-thread seconds per prefetch, as Engine.prefetch_cost_s (measured by the engine where known)
         self.prefetch_cost_s = costs.miss_s if costs.prefetch_s is None else costs.prefetch_s
