@@ -155,7 +155,7 @@ class StubEngine:
     """Just enough engine for the scheduler: a layer list, a cache, a link, a prefetch log."""
 
     def __init__(self, per_transfer, queued=0, resident=()):
-        self.layers = [type("L", (), {"index": i})() for i in range(3)]
+        self.layers = [type("L", (), {"index": i, "top_k": 2})() for i in range(3)]
         self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                         "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,

@@ -15,7 +15,7 @@ class FakeEngine:
     def __init__(self, prefetches_queued=0):
         self.stalled_s = 0.0  # the engine's stall total
         self.missed = 0  # its demand loads
-        self.layers = [SimpleNamespace(index=7), SimpleNamespace(index=7)]
+        self.layers = [SimpleNamespace(index=7, top_k=2), SimpleNamespace(index=7, top_k=2)]
         self.cache = SimpleNamespace(resident=lambda key: False)
         self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
                                          chunk_bytes=10, chunk_s=None)
@@ -27,6 +27,9 @@ class FakeEngine:
     def prefetch(self, layer, experts, keep=()):
         self.sent.append(list(experts))
         return len(experts)
+
+    def miss_rate(self, layer):
+        return 1.0  # its cache holds nothing
 
 
 def scores_ranking(order, rows=1):
@@ -306,7 +309,7 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     """worth_predicting judges a layer once and keeps the answer (it runs at every layer of every token);
     scoring a prediction for that layer, and only that, makes it judge again."""
     engine = FakeEngine()
-    engine.layers[0] = SimpleNamespace(index=6)  # sparse layers 6 and 7
+    engine.layers[0] = SimpleNamespace(index=6, top_k=2)  # sparse layers 6 and 7
     engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
     engine.miss_rate = lambda layer: 1.0
     s = PrefetchScheduler(engine, budget=2)
@@ -369,6 +372,27 @@ def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     s.layer_s, s.predict_s = 10.0, 1.9  # a perfect prediction would pay; one at even odds does not
     made = [s.worth_predicting(1, 1) for _ in range(3 * EXPLORE_EVERY)]
     assert sum(made) == 3 and made[EXPLORE_EVERY - 1]
+
+
+def test_what_any_prediction_could_save_counts_the_layer_s_misses_and_what_issuing_a_prefetch_costs():
+    """A right candidate saves at most a copy (1 s) but issuing it costs the compute thread 0.6 s beyond the 0.1 s
+    demand load it spares, and only candidates the layer uses and lacks save anything: top-k times its miss rate.
+    Missing 30 % of its uses, the layer stands to gain at most 0.6 · (1 − 0.6 + 0.1) = 0.3 s from any prediction,
+    less than the 0.5 s one costs online: precision cannot turn that, so one in EXPLORE_EVERY² is made online
+    (budget · t alone, 2 s, left it to the precisions: an unsure no, explored one in EXPLORE_EVERY). Missing every
+    use, this prediction pays (0.78 s expected): made online, put off one in EXPLORE_EVERY to measure stall_off."""
+    from evalsuite.engine.scheduler import EXPLORE_EVERY
+
+    made = {}
+    for miss in (0.3, 1.0):
+        engine = FakeEngine()
+        engine.prefetch_cost_s, engine.demand_cost_s = 0.6, 0.1
+        engine.miss_rate = lambda layer, miss=miss: miss
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s, s.predict_s, s.put_off_s = 10.0, 0.6, 0.1
+        s.seen[7], s.picked[7] = 100, [90, 90]  # right nine times in ten
+        made[miss] = sum(s.worth_predicting(1, 1) for _ in range(EXPLORE_EVERY ** 2 - 1))
+    assert made == {0.3: 0, 1.0: EXPLORE_EVERY ** 2 - 1 - EXPLORE_EVERY}
 
 
 def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0):

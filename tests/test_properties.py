@@ -223,7 +223,7 @@ class SchedulerStub:
     """The parts of an engine the scheduler reads, with a log of what it asked to prefetch."""
 
     def __init__(self, resident, per_transfer, queued):
-        self.layers = [type("Layer", (), {"index": i})() for i in range(3)]
+        self.layers = [type("Layer", (), {"index": i, "top_k": 2})() for i in range(3)]
         self.cache = type("Cache", (), {"resident": staticmethod(lambda key: key in resident)})()
         self.transfers = type("Link", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                            "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,

@@ -37,9 +37,7 @@ cost(r)    a wrong prefetch still moving when its router decides is cancelled, a
            issuing, settling and cancelling one costs (c, measured by the engine: `prefetch_cost_s`),
            and a right one spares the demand load it replaces (d, `demand_cost_s`, measured on the
            engine's misses; c where not measured):
-           (1 − pm)·chunk/2 + c − pm·d seconds. On ufs4 a tiny model's c is 31-34 us and d 10-14 us:
-           charging a right prefetch c − d = 0 (as d = c would) overstated what one saves there. On a
-           link whose copies are shorter than c, little is worth sending.
+           (1 − pm)·chunk/2 + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d 10-15 us).
 rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·d seconds; with
            `window=False`, send the top `budget` regardless.
 
@@ -52,10 +50,12 @@ worth      a prediction is made during decoding only if its candidates' expected
            online anyway, so what only online predictions measure (pm, q, predict_s) stays current, or
            one in EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on
            measured precisions: exploring one in eight cost ufs4 about half a percent of TPOT where it
-           never turned the verdict); and unless no precision could make it pay: every candidate right
-           and missing would save at most budget · min(t, lead), and where that is below the
-           prediction's cost (a copy shorter than a prediction, as on a fast link with tiny experts, or
-           stall_off below it: see below) one in EXPLORE_EVERY² is made online, which keeps that cost
+           never turned the verdict); and unless no precision could make it pay (`_most_saved`: at most
+           min(budget, top-k · the layer's miss rate) candidates are right and missing, each saving at
+           most min(t, lead) less what issuing it costs beyond the demand load it spares, and together at
+           most stall_off), and where that is below the prediction's cost (a copy shorter than a
+           prediction, as on a fast link with tiny experts, or stall_off below it: see below) one in
+           EXPLORE_EVERY² is made online, which keeps that cost
            measured (it could fall) at an eighth of the price. The candidates' saving counts at most
            stall_off(l), what layer l's decode steps stalled when its prediction was put off: what
            on-demand loading stalls there, so the most any prediction can save. The rule credits a
@@ -123,13 +123,13 @@ class PrefetchScheduler:
         # moving means of (m, s, m², m·s) over put-off decode steps, m demand misses and s stall: s's slope in m
         # is what one more miss stalls (stall_per_miss)
         self._miss_fit, self._miss_fit_n = [0.0, 0.0, 0.0, 0.0], 0
-        # a chunk's link time: the link's own figure where it knows one (an emulated link: a copy's latency is no
-        # part of a chunk, and on the SD card, a third of a copy, taking a chunk's share of a copy's time made a
-        # wrong guess cost 0.73 ms, not 0.5), else its share of a copy's measured time
+        # a chunk's link time: the link's own figure where it knows one (an emulated link, whose copies' latency is
+        # no part of a chunk: a third of an SD-card copy), else its share of a copy's measured time
         self._chunk_s = engine.transfers.chunk_s
         self._chunk_share = None if self._chunk_s is not None else min(
             1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # (asked of a real link only)
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
+        self._top_k = [layer.top_k for layer in engine.layers]  # position -> experts a token uses there
 
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
@@ -249,8 +249,7 @@ class PrefetchScheduler:
         often that rank's candidate was missing (q; a resident candidate saves nothing), against what
         making it online costs beyond putting it off, that saving capped at stall_off (see `worth` above).
         Unknown quantities (before the first measurements) say yes. A verdict to put off stands, unjudged, until
-        the layer's next ask that may explore (one in EXPLORE_EVERY), or until its precisions change: judging
-        anew at every layer of every token cost the hot path as much as the rest of putting a prediction off."""
+        the layer's next ask that may explore, or until its precisions change (judging is not free either)."""
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
         t = self.engine.transfers.seconds_per_transfer()
@@ -258,8 +257,8 @@ class PrefetchScheduler:
             return True
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
         cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
-        ceiling, off = self.budget * min(self._hit_saves(t), lead), self.stall_off.get(layer)
-        if ceiling <= cost or (off is not None and off <= cost and self._stall_off_n[layer] >= STALL_OFF_AFTER):
+        off = self.stall_off.get(layer)
+        if self._most_saved(target_pos, layer, t, lead) <= cost:
             # even every candidate missing and right would save less (or the layer stalls less with it put off):
             # precision cannot turn the verdict, only a cheaper prediction can (predict_s, measured on online ones)
             # or a slower link, so it is measured far less often
@@ -285,6 +284,22 @@ class PrefetchScheduler:
         if not pays:
             self._off_left[layer] = EXPLORE_EVERY - 1 - asked % EXPLORE_EVERY
         return pays
+
+    def _most_saved(self, target_pos: int, layer: int, t: float, lead: float) -> float:
+        """The most any prediction for sparse layer `target_pos` (decoder layer `layer`) could save, whatever its
+        precision: max over j ≤ k right, missing candidates of min(stall_off, j·s) − j·(c − d), k = min(budget,
+        top-k · miss rate) (right and missing ones are uses the cache lacks), s = min(what a landed one saves,
+        lead), c − d what issuing one costs beyond the demand load it spares (stall_off once measured)."""
+        _, issue, spared = self._costs(t)
+        saves = min(self._hit_saves(t), lead)
+        if saves <= 0.0:
+            return 0.0
+        right = min(float(self.budget), self._top_k[target_pos] * self.engine.miss_rate(layer))
+        off = self.stall_off.get(layer) if self._stall_off_n.get(layer, 0) >= STALL_OFF_AFTER else None
+        if off is None or right * saves <= off:
+            return right * (saves - issue + spared)
+        covered = off / saves  # enough to remove the whole stall: each one more costs c − d (or gains, if c < d)
+        return max(off - covered * (issue - spared), off - right * (issue - spared))
 
     def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
         """The verdict: whether the candidates' expected saving under the send rule, at most what the layer stalls

@@ -71,7 +71,7 @@ class Replay:
         self.trace, self.costs, self.mode = trace, costs, mode
         self.offloading, self.predicting = SIMULATED_MODES[mode].offloads, SIMULATED_MODES[mode].predicts
         self.perfect = mode == PERFECT_PREFETCH.name
-        self.layers = [SimpleNamespace(index=layer) for layer in trace.layers]
+        self.layers = [SimpleNamespace(index=layer, top_k=trace.top_k) for layer in trace.layers]
         self.cache = ExpertCache(trace.layers, capacity, 1, torch.float32, "meta", policy, per_layer)
         self.link = SerialLink(costs.transfer_s, costs.chunk_s)
         self.transfers = _LinkView(self)
