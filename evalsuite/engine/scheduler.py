@@ -295,11 +295,15 @@ class PrefetchScheduler:
         if saves <= 0.0:
             return 0.0
         right = min(float(self.budget), self._top_k[target_pos] * self.engine.miss_rate(layer))
-        off = self.stall_off.get(layer) if self._stall_off_n.get(layer, 0) >= STALL_OFF_AFTER else None
+        off = self._stall_cap(layer)
         if off is None or right * saves <= off:
             return right * (saves - issue + spared)
         covered = off / saves  # enough to remove the whole stall: each one more costs c − d (or gains, if c < d)
         return max(off - covered * (issue - spared), off - right * (issue - spared))
+
+    def _stall_cap(self, layer: int) -> float | None:
+        """stall_off of `layer` once it rests on STALL_OFF_AFTER put-off steps (a cap on any saving), else None."""
+        return self.stall_off.get(layer) if self._stall_off_n.get(layer, 0) >= STALL_OFF_AFTER else None
 
     def _pays(self, layer: int, t: float, lead: float, cost: float, off: float | None) -> tuple[bool, bool]:
         """The verdict: whether the candidates' expected saving under the send rule, at most what the layer stalls
@@ -321,8 +325,8 @@ class PrefetchScheduler:
         # stall_off caps the saving once it rests on STALL_OFF_AFTER steps: one step stalls anything from nothing
         # (every expert resident) to several copies, and a lone zero put the SD card's layers off for a dozen
         # steps (a wrong no costs a copy's stall there; a wrong yes, on a fast link, a prediction's compute)
-        capped = off is not None and self._stall_off_n[layer] >= STALL_OFF_AFTER
-        net = (min(saving, off) if capped else saving) - waste
+        cap = self._stall_cap(layer)
+        net = (saving if cap is None else min(saving, cap)) - waste
         if net > cost:
             # sure: the layer is known to stall with it put off over twice what it must save, measured, or by a
             # floor that needs no measuring where a copy outlasts a layer's compute (the SD card): its expected
