@@ -254,6 +254,65 @@ def test_a_prediction_that_cannot_pay_is_made_after_the_request_with_the_same_re
     assert predicted == online_predicted  # the trace holds them too
 
 
+def record_of_run(may_quiet: bool):
+    """A router-preserving gate run of 24 tokens, quiet tokens allowed or not: its output, recall, trace
+    predictions, per-rank precision and quiet tokens."""
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=24)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
+                           trace=True) as engine, torch.no_grad():
+        engine.driver.may_quiet = may_quiet
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+        s, trace, scheduler = engine.stats(), engine.routing_trace(), engine.driver.scheduler
+        assert torch.equal(out, expected)
+        return (s["recall"], [[r.predicted for r in step] for step in trace.steps], dict(scheduler.seen),
+                dict(scheduler.picked), engine.driver.quiet_tokens)
+
+
+def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records_the_same(monkeypatch):
+    """Where every layer's verdict to put off stands, a decode token is quiet: its layers keep their inputs and
+    nothing else, and its predictions are made from them after the request, for the same recall, trace and
+    per-rank precision as predictions put off one by one (the same as made online: the test above). Here
+    making a prediction online is said to cost a second, so every verdict, once judged, puts it off."""
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self: 1.0)
+    *quiet_record, quiet_tokens = record_of_run(True)
+    *record, none = record_of_run(False)
+    # 23 decode steps: the first, with no layer time, predicts its second layer online; the next judges that layer
+    assert quiet_tokens == 21 and none == 0
+    assert quiet_record == record
+
+
+def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
+    """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
+    layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a
+    Later's is."""
+    from types import SimpleNamespace
+
+    from evalsuite.engine.put_off import Later, QuietToken
+
+    driver = SimpleNamespace(target_of=[1, 0], source_of=[1, 0], predictor=SimpleNamespace(reads=("x",)),
+                             engine=SimpleNamespace(budget=1), _score_ahead=lambda s: s.x, _score_next=lambda s: -s.x)
+    ids, weights = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)
+
+    def token(first=None):
+        made = QuietToken(driver, first)
+        for x in (torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[3.0, 4.0, -1.0]])):
+            made.keep(x, None, ids, weights)
+        return made
+
+    carried = Later(lambda s: s.x, ("x",), 1, 1, torch.tensor([[0.0, 0.0, 5.0]]), None, ids, weights)
+    quiet = token(carried)
+    assert quiet.complete()
+    assert quiet.prediction_for(0) is carried and quiet.prediction_for(0)() == [2]
+    assert quiet.prediction_for(1)() == [1]  # layer 0's x, scored ahead
+    assert quiet.made_at(1)() == [2]  # layer 1's x, scored for the next token's first layer (-x)
+    changed = token()
+    changed.inputs[0][0].add_(1)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        changed.prediction_for(1).scores()
+
+
 def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_in_place():
     """A put-off prediction keeps its layer's tensors rather than copies (every tiny family's recall with
     predictions put off is checked in test_modes): if the model ever wrote one in place, it would score

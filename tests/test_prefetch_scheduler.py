@@ -330,7 +330,7 @@ def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
     """A put-off verdict is not judged again at every layer of every token (that cost the hot path as much as the
     rest of putting a prediction off): it stands until the layer's next ask that may explore (one in
     EXPLORE_EVERY), until its precisions change (observe), or until the next request."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
     engine.miss_rate = lambda layer: 1.0
@@ -354,12 +354,37 @@ def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
     assert s.worth_predicting(1, 1)
 
 
+def test_a_token_is_quiet_while_every_layer_s_verdict_to_put_off_stands():
+    """put_off_all, at a decode token's start: whether every layer's verdict to put off stands, so the driver need
+    ask nothing in the token (a quiet token); if so, each verdict stands one ask less, as if asked. Each layer is
+    asked once a token, answered or not (as before a layer time is measured), so the verdicts end at one token
+    and the tokens between are all quiet."""
+    from evalsuite.engine.worth import EXPLORE_EVERY
+
+    engine = FakeEngine()
+    engine.layers = [SimpleNamespace(index=3, top_k=2), SimpleNamespace(index=7, top_k=2)]
+    s = PrefetchScheduler(engine, budget=2)
+    s.predict_s = 2.0  # only a perfect prediction would break even: put off, judged again every EXPLORE_EVERY asks
+
+    def token():  # position 0 predicts position 1 (layer 7), position 1 the next token's first (layer 3)
+        return [s.worth_predicting(1, 1), s.worth_predicting(0, 1)]
+
+    assert not s.put_off_all() and s.worth_predicting(1, 1)  # the first token: no layer time yet, made online
+    s.layer_s = 10.0
+    assert not s.worth_predicting(0, 1)
+    assert not s.put_off_all() and token() == [False, False]  # layer 7 judged now
+    quiet = [s.put_off_all() for _ in range(EXPLORE_EVERY - 2)]
+    assert quiet == [True] * (EXPLORE_EVERY - 3) + [False]
+    assert token() == [False, False]  # both judged again, at the same ask
+    assert [s.put_off_all() for _ in range(EXPLORE_EVERY)] == [True] * (EXPLORE_EVERY - 1) + [False]
+
+
 def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     """A candidate saves at most its copy (t): where every candidate right and missing would still save less
     than the prediction costs, precision cannot change the verdict, only a cheaper prediction can, so one in
     EXPLORE_EVERY² is made online (to measure its cost); a prediction that could pay with better precision is
     explored once in EXPLORE_EVERY."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
     engine.miss_rate = lambda layer: 1.0
@@ -374,6 +399,29 @@ def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     assert sum(made) == 3 and made[EXPLORE_EVERY - 1]
 
 
+
+def test_a_verdict_no_precision_could_turn_at_twice_the_saving_is_judged_rarely(monkeypatch):
+    """Where every candidate right and missing would save under half what the prediction costs, the verdict to
+    put it off stands EXPLORE_EVERY² asks, not EXPLORE_EVERY: on a fast link the tokens that judge verdicts cost
+    the most, and what this one weighs drifts slowly. Its exploring asks stay where they were."""
+    from evalsuite.engine.worth import EXPLORE_EVERY
+
+    engine = FakeEngine()  # 1 s per copy, every use missing: any prediction saves at most 2 s
+    judged = []
+    most_saved = PrefetchScheduler._most_saved
+    monkeypatch.setattr(PrefetchScheduler, "_most_saved", lambda self, *a: judged.append(1) or most_saved(self, *a))
+    made = {}
+    for cost in (2.0, 5.0):
+        judged.clear()
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s, s.predict_s = 10.0, cost
+        made[cost] = [s.worth_predicting(1, 1) for _ in range(2 * EXPLORE_EVERY ** 2)]
+        made[cost] = (sum(made[cost]), len(judged))
+    rarely = EXPLORE_EVERY ** 2
+    assert made[5.0] == (2, 4)  # judged at asks 1, rarely (explored), rarely + 1 and 2 · rarely (explored)
+    assert made[2.0] == (2, 2 * rarely // EXPLORE_EVERY + 2)  # every EXPLORE_EVERY asks, and after each exploring
+
+
 def test_what_any_prediction_could_save_counts_the_layer_s_misses_and_what_issuing_a_prefetch_costs():
     """A right candidate saves at most a copy (1 s) but issuing it costs the compute thread 0.6 s beyond the 0.1 s
     demand load it spares, and only candidates the layer uses and lacks save anything: top-k times its miss rate.
@@ -381,7 +429,7 @@ def test_what_any_prediction_could_save_counts_the_layer_s_misses_and_what_issui
     less than the 0.5 s one costs online: precision cannot turn that, so one in EXPLORE_EVERY² is made online
     (budget · t alone, 2 s, left it to the precisions: an unsure no, explored one in EXPLORE_EVERY). Missing every
     use, this prediction pays (0.78 s expected): made online, put off one in EXPLORE_EVERY to measure stall_off."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     made = {}
     for miss in (0.3, 1.0):
@@ -425,7 +473,7 @@ def test_a_prediction_saves_at_most_what_its_layer_stalls_with_it_put_off():
     0.6 s prediction expected to save 1 s is not made where putting it off stalls 0.3 s (and, since no
     precision could then make it pay, is explored online only one in EXPLORE_EVERY²), and is where it stalls
     3 s."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     for stall, made_online in ((0.3, False), (3.0, True)):
         engine = FakeEngine()
@@ -446,7 +494,7 @@ def test_one_put_off_step_that_stalled_nothing_does_not_put_a_layer_off():
     off a layer whose other put-off steps stall 3 s (on the SD card such a zero put layers off for a dozen steps,
     each a copy's stall). stall_off caps the saving, or vetoes the prediction, once it rests on STALL_OFF_AFTER
     steps."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY, STALL_OFF_AFTER
+    from evalsuite.engine.worth import EXPLORE_EVERY, STALL_OFF_AFTER
 
     engine = FakeEngine()
     engine.miss_rate = lambda layer: 1.0
@@ -468,7 +516,7 @@ def test_a_layer_that_must_stall_with_its_prediction_put_off_is_not_put_off_to_m
     the layer is sure to pay from the start and no step is put off to measure stall_off (each such step costs a
     copy's stall) before the one-in-EXPLORE_EVERY² one. At half the miss rate nothing bounds it: stall_off is
     measured, and after a first step that stalled nothing, again EXPLORE_EVERY asks later."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     put_off = {}
     for miss in (1.0, 0.5):
@@ -484,7 +532,7 @@ def test_a_layer_that_must_stall_with_its_prediction_put_off_is_not_put_off_to_m
 def test_the_stall_with_a_prediction_put_off_is_measured_often_only_while_it_could_turn_the_verdict():
     """A layer whose prediction pays is put off one step in EXPLORE_EVERY to measure stall_off, until that
     stall is known to be over twice what the prediction must save; then one in EXPLORE_EVERY²."""
-    from evalsuite.engine.scheduler import EXPLORE_EVERY
+    from evalsuite.engine.worth import EXPLORE_EVERY
 
     engine = FakeEngine()
     engine.miss_rate = lambda layer: 1.0

@@ -152,6 +152,30 @@ def test_the_replay_charges_a_prediction_put_off_at_the_engines_timing_of_it(mon
     assert sum(charged.tpots) > sum(free.tpots)
 
 
+def test_the_replay_makes_a_step_quiet_where_the_engine_would(monkeypatch):
+    # where every layer's verdict to put off stands, the engine's driver only keeps a decode step's inputs and asks
+    # nothing (PredictionDriver._start_quiet): the replay makes the same steps quiet, charges each what putting one
+    # prediction off costs, not each of its predictions, and still scores every prediction when its request ends
+    from dataclasses import replace
+
+    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.perf.replay import Replay
+
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self: 1.0)  # once judged, every one put off
+    trace, capacity = _gate_trace()
+    costs = replace(COSTS, transfer_s=2e-4, predictor_s=1e-3, put_off_s=2e-4)
+    quiet = Replay(trace, costs, capacity, "router-preserving", trace.top_k, True, "lru")
+    quiet.run()
+    monkeypatch.setattr(PrefetchScheduler, "put_off_all", lambda self: False)
+    asked = Replay(trace, costs, capacity, "router-preserving", trace.top_k, True, "lru")
+    asked.run()
+    assert quiet.quiet_steps > len(trace.steps) // 2 and asked.quiet_steps == 0
+    assert quiet.put_offs == asked.put_offs and quiet.scheduler.seen == asked.scheduler.seen
+    # each quiet step charges one put-off instead of its own: one a layer, the last layer's none at a request's end
+    layers, saved = len(trace.layers), (asked.predict - quiet.predict) / 2e-4
+    assert quiet.quiet_steps * (layers - 2) - 1e-6 <= saved <= quiet.quiet_steps * (layers - 1) + 1e-6
+
+
 def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
     # the engine's scheduler scores the predictions it put off when their request ends (PredictionDriver.end_request):
     # which ones are put off depends on this machine's clock, but every prediction is scored, now or then

@@ -21,13 +21,16 @@ target layer; averaged within a sample (a batch row of a request), then across s
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from .layer_state import LayerState
 from .metrics import token_recall
 from .modes import MODES
+from .put_off import Later, QuietToken
 from .scheduler import ranked
 from .taps import tap_input
 
@@ -85,57 +88,9 @@ class RowGroups:
             p.on_token(decoding)
 
 
-@dataclass(slots=True)  # (made at every sparse layer: slots make it and its reads cheaper)
-class LayerState:
-    """What a predictor may read at sparse layer `pos` while it runs (the engine's interface to
-    predictors, evalsuite.predict)."""
-
-    pos: int  # position among the sparse layers
-    x: torch.Tensor  # router input [T, H]
-    residual: torch.Tensor  # residual stream after this layer's attention [..., T, H], as the layer got it
-    ids: torch.Tensor  # experts this layer executes [T, K]
-    weights: torch.Tensor  # their routing weights [T, K]
-
-
 def experts_in(ids: torch.Tensor) -> set[int]:
     """The experts named anywhere in [T, K] `ids` (one tensor call: each costs the hot path a dispatch)."""
     return {e for row in ids.tolist() for e in row}
-
-
-class Later:
-    """A prediction put off until its request ends (see PredictionDriver.on_router): the predictor's
-    call `score(state)` on the LayerState of sparse layer `pos` (router input `x`, `residual`, `ids`,
-    `weights`), made once when first asked for. `reads`: the fields it reads. Called, it gives the
-    `budget` ranked candidates (what the trace reads). It keeps the fields, and builds their LayerState
-    only when scored: one object per prediction put off is less for the hot path to make and for the
-    garbage collector to walk until the request ends.
-
-    The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
-    will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
-    their version counters now: one written in place since would make it score another state, and is refused.
-    Every field's counter is taken (four reads cost the hot path less than choosing); only those read are
-    compared."""
-
-    __slots__ = ("_score", "_reads", "_scores", "budget", "_pos", "x", "residual", "ids", "weights", "_versions")
-
-    def __init__(self, score, reads, budget: int, pos: int, x, residual, ids, weights):
-        self._score, self._reads, self._scores, self.budget = score, reads, None, budget
-        self._pos, self.x, self.residual, self.ids, self.weights = pos, x, residual, ids, weights
-        self._versions = (x._version, None if residual is None else residual._version, ids._version, weights._version)
-
-    def scores(self) -> torch.Tensor:
-        if self._scores is None:
-            for name, version in zip(("x", "residual", "ids", "weights"), self._versions):
-                if name in self._reads and getattr(self, name)._version != version:
-                    raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
-                                       "layer ran; run with window=False (every prediction made on the spot)")
-            with torch.no_grad():
-                self._scores = self._score(LayerState(self._pos, self.x, self.residual, self.ids, self.weights))
-            self._score = self.x = self.residual = self.ids = self.weights = None
-        return self._scores
-
-    def __call__(self) -> list[int]:
-        return ranked(self.scores(), self.budget)
 
 
 class PredictionDriver:
@@ -151,17 +106,26 @@ class PredictionDriver:
         self.current: dict = {}  # layer -> [(prediction, native ids, rows)] per decode step of the running request
         self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
         self.put_off = 0  # predictions left for after their request (Later)
+        self.quiet: QuietToken | None = None  # the running decode token, where none of its predictions is asked for
+        self.quiet_tokens = 0  # decode tokens that were quiet (QuietToken)
         # what of the test for putting a prediction off (_predict) holds for the engine's life (its cache may be
         # rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
         self.speculating = MODES[mode].speculates
+        self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
         # a predictor that knows its ranking without a tensor call may give it (predictor.ranked(scores, budget))
         self.rank = getattr(predictor, "ranked", ranked)
         self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index
         last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
         self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
                           for pos in range(last + 1)]
+        self.source_of = [None] * (last + 1)  # position -> the position whose prediction is for it
+        for pos, target in enumerate(self.target_of):
+            if target is not None:
+                self.source_of[target] = pos
+        self.pos_of = {layer: pos for pos, layer in enumerate(self.layer_of)}
+        self.predicted_per_token = sum(target is not None for target in self.target_of)  # in a decode token
         # A mode that executes its predictions must change the router's output, so it hooks the router. For the
         # others the engine's experts implementation calls on_router, with the router's input and choice it gets
         # anyway: a module hook costs every call of its module, and where predictions are put off that cost is
@@ -199,6 +163,14 @@ class PredictionDriver:
         For modes that execute no prediction (`at_router` False) the engine's experts implementation calls it
         with no `router` and `logits`: `x` is then the experts' input as [T, H] (every family passes its experts
         the very tensor its router read), `ids` and `weights` the router's choice."""
+        quiet = self.quiet
+        if quiet is not None:
+            if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (QuietToken)
+                quiet.keep(x, self.residual.get(pos), ids, weights)
+                return None
+            self.quiet = None
+            if quiet.complete():  # its last layer's prediction is for this token's first, as a normal token's
+                self.pending[0] = quiet.made_at(len(self.layer_of) - 1)
         engine, forward = self.engine, self.engine.forward
         if forward.looking_ahead:  # the oracle's look-ahead pass only records the true routing
             self.predictor.trace[pos] = ids
@@ -208,6 +180,8 @@ class PredictionDriver:
         begun = time.perf_counter()
         decoding, scheduler = forward.decoding, self.scheduler
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
+            if decoding and self.may_quiet and self._start_quiet(x, ids, weights):
+                return None
             self.predictor.on_token(decoding)
             first = self.pending.get(0) if decoding else None
             self.pending = {} if first is None else {0: first}
@@ -268,6 +242,31 @@ class PredictionDriver:
         else:
             self._predict(target, begun, score, LayerState(pos, x, residual, ids, weights))
         return replaced
+
+    def _start_quiet(self, x, ids, weights) -> bool:
+        """At a decode token's first sparse layer (router input `x`, its choice `ids`, `weights`): make the token
+        a quiet one (QuietToken) where the scheduler's verdicts to put off stand for every layer (put_off_all) and
+        nothing of the last token's prediction is in flight or still to score here (made online). Its layers then
+        only keep their inputs; its recall, precision and trace are made from them when the request ends."""
+        engine, first = self.engine, self.pending.get(0)
+        if (type(first) is tuple or self.rows is not None or engine.forward.kinds is not None or engine.unsettled
+                or not self.scheduler.put_off_all()):
+            return False
+        self.predictor.on_token(True)
+        self.pending, self.deferred = {}, None
+        quiet = self.quiet = QuietToken(self, first)
+        self.quiet_tokens += 1
+        self.put_off += self.predicted_per_token
+        quiet.keep(x, self.residual.get(0), ids, weights)
+        # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read)
+        for pos, layer in enumerate(self.layer_of):
+            if (first if pos == 0 else self.source_of[pos]) is not None:
+                self.current.setdefault(layer, []).append(quiet)
+        if engine.tracer is not None:
+            for pos, target in enumerate(self.target_of):
+                if target is not None:
+                    engine.tracer.predicted(self.layer_of[target], partial(quiet.ranked_at, pos))
+        return True
 
     def _score_ahead(self, state: LayerState) -> torch.Tensor | None:
         return self.predictor.scores(state, self.horizon)
@@ -334,7 +333,8 @@ class PredictionDriver:
     def keep_rows(self, index: torch.Tensor) -> None:
         """Between decode steps, the batch keeps only its rows `index` (positions in it): the predictions
         carried to the next step follow them, and recall stays with the request's own rows."""
-        if any(isinstance(p, Later) for p in self.pending.values()) or self.deferred is not None:
+        if (any(isinstance(p, Later) for p in self.pending.values()) or self.deferred is not None
+                or self.quiet is not None):
             raise RuntimeError("keep_rows: a prediction put off or a prefetch not yet sent spans the step")
         kept = {target: scores[index.to(scores.device)] for target, (scores, _) in self.pending.items()}
         self.pending = {target: (scores, ranked(scores, self.engine.budget)) for target, scores in kept.items()}
@@ -344,7 +344,7 @@ class PredictionDriver:
         """Drop what prediction carried over (pending predictions, a deferred prefetch, the scheduler's
         layer timing), as a fresh engine would start; the scheduler's per-rank precision is kept."""
         self.pending.clear()
-        self.deferred = None
+        self.deferred, self.quiet = None, None
         if self.scheduler is not None:
             self.scheduler.new_request()
 
@@ -357,7 +357,13 @@ class PredictionDriver:
             recall.setdefault(k, {})
         for layer, steps in self.current.items():
             made = []  # (scores, native ids, rows) of the steps with a prediction
-            for predicted, native, rows in steps:
+            for step in steps:
+                if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
+                    if len(step.inputs) <= self.pos_of[layer]:
+                        continue
+                    predicted, native, rows = step.prediction_for(self.pos_of[layer]), step.ids(self.pos_of[layer]), None
+                else:
+                    predicted, native, rows = step
                 scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
                 if scores is None:
                     continue  # the predictor had nothing for this step
@@ -377,7 +383,7 @@ class PredictionDriver:
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
                 self.engine.record.add_recall(k, layer, per_row.tolist())
-        self.current, self.rows = {}, None
+        self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:
         for hook in self.hooks:

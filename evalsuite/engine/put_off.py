@@ -1,0 +1,105 @@
+"""Predictions put off until their request ends (see PredictionDriver.on_router): made from the
+inputs the predictor would have read, kept as the model left them, for recall, the scheduler's
+precision and the trace only; no prefetch comes of them.
+
+Later       one prediction put off at a layer whose verdict was asked there.
+QuietToken  a decode token none of whose predictions is asked for: every sparse layer's verdict to put
+            off stands (PrefetchScheduler.put_off_all), so at each layer the driver only keeps the
+            inputs, and the token's Laters are made from them when the request ends. On a link where no
+            prefetch pays (pcie4, tiny-qwen3-moe) a put-off layer's bookkeeping cost ~3 % of a 3 ms
+            token, keeping the inputs alone ~0.5 % (docs/performance.md, "What the per-layer path costs").
+"""
+from __future__ import annotations
+
+import torch
+
+from .layer_state import LayerState
+from .scheduler import ranked
+
+
+class Later:
+    """A prediction put off until its request ends: the predictor's call `score(state)` on the LayerState of
+    sparse layer `pos` (router input `x`, `residual`, `ids`, `weights`), made once when first asked for.
+    `reads`: the fields it reads. Called, it gives the `budget` ranked candidates (what the trace reads). It
+    keeps the fields, and builds their LayerState only when scored: one object per prediction put off is less
+    for the hot path to make and for the garbage collector to walk until the request ends.
+
+    The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
+    will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
+    their version counters when kept (`versions`, taken now where not given): one written in place since would
+    make it score another state, and is refused. Every field's counter is taken (four reads cost the hot path
+    less than choosing); only those read are compared."""
+
+    __slots__ = ("_score", "_reads", "_scores", "budget", "_pos", "x", "residual", "ids", "weights", "_versions")
+
+    def __init__(self, score, reads, budget: int, pos: int, x, residual, ids, weights, versions=None):
+        self._score, self._reads, self._scores, self.budget = score, reads, None, budget
+        self._pos, self.x, self.residual, self.ids, self.weights = pos, x, residual, ids, weights
+        self._versions = versions or versions_of(x, residual, ids, weights)
+
+    def scores(self) -> torch.Tensor:
+        if self._scores is None:
+            for name, version in zip(("x", "residual", "ids", "weights"), self._versions):
+                if name in self._reads and getattr(self, name)._version != version:
+                    raise RuntimeError("a prediction put off reads a tensor the model changed in place after its "
+                                       "layer ran; run with window=False (every prediction made on the spot)")
+            with torch.no_grad():
+                self._scores = self._score(LayerState(self._pos, self.x, self.residual, self.ids, self.weights))
+            self._score = self.x = self.residual = self.ids = self.weights = None
+        return self._scores
+
+    def __call__(self) -> list[int]:
+        return ranked(self.scores(), self.budget)
+
+
+def versions_of(x, residual, ids, weights) -> tuple:
+    return x._version, None if residual is None else residual._version, ids._version, weights._version
+
+
+class QuietToken:
+    """A decode token whose every prediction is put off, unasked. `inputs[pos]`: what sparse layer `pos` gave
+    the driver, (x, residual, ids, weights, their versions), appended as the token runs; `first`: the prediction
+    for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what each
+    position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the
+    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`)."""
+
+    __slots__ = ("inputs", "first", "_driver", "_made")
+
+    def __init__(self, driver, first: Later | None):
+        self.inputs: list[tuple] = []
+        self.first, self._driver, self._made = first, driver, {}
+
+    def keep(self, x, residual, ids, weights) -> None:
+        """Sparse layer len(inputs)'s inputs, with their version counters now (see Later)."""
+        self.inputs.append((x, residual, ids, weights, (
+            x._version, None if residual is None else residual._version, ids._version, weights._version)))
+
+    def complete(self) -> bool:
+        """Whether every sparse layer of the token ran (a forward pass cut short leaves it incomplete)."""
+        return len(self.inputs) == len(self._driver.target_of)
+
+    def made_at(self, pos: int) -> Later:
+        """The prediction sparse layer `pos` of this token put off (for the layer `target_of[pos]`)."""
+        later = self._made.get(pos)
+        if later is None:
+            driver = self._driver
+            x, residual, ids, weights, versions = self.inputs[pos]
+            score, reads = ((driver._score_ahead, driver.predictor.reads) if driver.target_of[pos]
+                            else (driver._score_next, ("x",)))
+            later = self._made[pos] = Later(score, reads, driver.engine.budget, pos, x, residual, ids, weights,
+                                            versions)
+        return later
+
+    def prediction_for(self, pos: int) -> Later | None:
+        """The prediction for this token's sparse layer `pos`, None where none was made."""
+        if pos == 0:
+            return self.first
+        source = self._driver.source_of[pos]
+        return None if source is None else self.made_at(source)
+
+    def ranked_at(self, pos: int) -> list[int]:
+        """The ranked candidates of the prediction layer `pos` put off (what the trace reads)."""
+        return self.made_at(pos)()
+
+    def ids(self, pos: int) -> torch.Tensor:
+        return self.inputs[pos][2]
