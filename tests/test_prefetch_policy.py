@@ -355,6 +355,28 @@ def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):
         assert engine.driver.scheduler.put_off_s >= 0.003
 
 
+def test_settling_a_layer_s_prefetches_is_left_out_of_the_prediction_made_there(monkeypatch):
+    """Settling the prefetches sent for a layer (cancelling the wrong, promoting the right) is the prefetches' cost,
+    which the scheduler weighs per prefetch (Engine.prefetch_cost_s): the prediction made at the same router does
+    not pay for it too. Here settling is made 5 ms slow, and every prediction is made online and sent."""
+    from evalsuite.engine.offload import Engine
+
+    settle, settled = Engine.settle_prefetches, []
+
+    def slow_settle(self, layer, confirmed):
+        time.sleep(0.005)
+        settled.append(layer)
+        return settle(self, layer, confirmed)
+
+    monkeypatch.setattr(Engine, "settle_prefetches", slow_settle)
+    model, ids, mask, _ = copy_and_reference(1, 6)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.3, link="ufs4",
+                           window=False) as engine, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert len(settled) >= 10
+        assert engine.driver.scheduler.predict_s < 0.0025  # (with the settling: 5 ms and more)
+
+
 def test_on_a_slow_link_predictions_are_made_and_sent_online():
     """The trained tiny model on the SD card: a copy takes three layers' time, so once the scheduler
     has seen how often the gate predictor is right (one online prediction in EXPLORE_EVERY, then all

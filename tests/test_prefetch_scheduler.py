@@ -222,17 +222,22 @@ def put_off_steps(s, engine, misses):
 def test_a_right_prefetch_saves_what_one_more_miss_stalls_where_that_is_less_than_its_copy():
     """Demand copies overlap the compute of the layer's other experts, so one more miss can stall less than a
     copy takes: the scheduler fits a put-off step's stall to its misses (0.3 s each here, against 1 s copies)
-    and credits a right prefetch with that. At even odds a candidate issued for 0.2 s of the compute thread
-    is worth sending to save a 1 s copy, and not to save 0.3 s; misses that never vary fit nothing."""
+    and credits a right prefetch with that; where misses never vary (no slope to fit), with the layer's stall
+    per expected miss (0.7 s a step over two misses: 0.35 s). At even odds a candidate issued for 0.2 s of the
+    compute thread is worth sending to save a 1 s copy (before any step is measured), not 0.3 or 0.35 s."""
     from evalsuite.engine.scheduler import MISS_FIT_AFTER
 
     engine = FakeEngine()
     engine.prefetch_cost_s, engine.demand_cost_s = 0.2, 0.0
     s = PrefetchScheduler(engine, budget=2)
-    put_off_steps(s, engine, [2] * MISS_FIT_AFTER * 2)
-    assert s.stall_per_miss() is None  # every step missed two: no slope to fit
     s.layer_s = 10.0
     assert s.schedule(1, candidates([3, 5]), h=1) == 2
+    s = PrefetchScheduler(engine, budget=2)
+    put_off_steps(s, engine, [2] * MISS_FIT_AFTER * 2)
+    assert s.stall_per_miss() is None  # every step missed two: no slope to fit
+    assert s._hit_saves(1.0, 7) == pytest.approx(0.35)
+    s.layer_s = 10.0
+    assert s.schedule(1, candidates([3, 5]), h=1) == 0
     s = PrefetchScheduler(engine, budget=2)
     put_off_steps(s, engine, [1, 3, 0, 2] * (MISS_FIT_AFTER // 4))
     assert s.stall_per_miss() == pytest.approx(0.3)
@@ -443,11 +448,11 @@ def test_what_any_prediction_could_save_counts_the_layer_s_misses_and_what_issui
     assert made == {0.3: 0, 1.0: EXPLORE_EVERY ** 2 - 1 - EXPLORE_EVERY}
 
 
-def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0):
+def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0, chosen=frozenset({3, 4})):
     """The driver's calls over `steps` decode steps of two sparse layers (positions 0 and 1, layer 1 predicted at
     layer 0's router): layer 1's step stalls `stall_put_off` seconds when its prediction was put off, else
-    `stall_online` (`stall_put_off` a list: one per put-off step, in order), and an online prediction is scored
-    at its router (half right). Returns worth_predicting's answers."""
+    `stall_online` (`stall_put_off` a list: one per put-off step, in order), and an online prediction [3, 5] is
+    scored at its router, which chose `chosen` (half right by default). Returns worth_predicting's answers."""
     answers, now, stalls_put_off = [], 0.0, iter(stall_put_off if isinstance(stall_put_off, list) else ())
     for _ in range(steps):
         s.layer_at(0, now, engine.stalled_s, 0)
@@ -459,7 +464,7 @@ def decode_steps(s, engine, steps, stall_put_off, stall_online=0.0):
         now += 1.0
         s.layer_at(1, now, engine.stalled_s, 0)
         if online:
-            s.observe(7, made, {3, 4})
+            s.observe(7, made, set(chosen))
         stall = stall_online if online else next(stalls_put_off, stall_put_off)
         engine.stalled_s += stall
         now += 1.0 + stall
@@ -541,8 +546,9 @@ def test_the_stall_with_a_prediction_put_off_is_measured_often_only_while_it_cou
     answers = decode_steps(s, engine, EXPLORE_EVERY ** 2 + EXPLORE_EVERY, stall_put_off=3.0)
     put_off = [i + 1 for i, online in enumerate(answers) if not online]  # which worth_predicting call it was
     assert put_off == [EXPLORE_EVERY // 2, EXPLORE_EVERY ** 2 - EXPLORE_EVERY // 2]
-    s = PrefetchScheduler(engine, budget=2)
+    s = PrefetchScheduler(engine, budget=2, smoothing=0.0)  # (layer time held at 10 s: both land in time)
     s.layer_s, s.predict_s = 10.0, 0.6
-    answers = decode_steps(s, engine, 3 * EXPLORE_EVERY, stall_put_off=1.0)  # pays, but under twice 0.6 s
+    # both candidates right: pays (each saves half the step's 1 s stall), but under twice 0.6 s
+    answers = decode_steps(s, engine, 3 * EXPLORE_EVERY, stall_put_off=1.0, chosen={3, 5})
     assert [i + 1 for i, online in enumerate(answers) if not online] == [EXPLORE_EVERY * k + EXPLORE_EVERY // 2
                                                                         for k in range(3)]

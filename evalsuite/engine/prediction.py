@@ -213,8 +213,11 @@ class PredictionDriver:
                 replaced = (logits, weights, ids)
                 chosen = None
         if scheduler is not None and layer in engine.unsettled:
-            # the router decided: wrong guesses leave the link, right ones go first
+            # the router decided: wrong guesses leave the link, right ones go first. What that costs is the
+            # prefetches' (Engine.prefetch_cost_s), not the prediction's made here: it is left out of its timing
+            settling = time.perf_counter()
             engine.settle_prefetches(layer, experts_in(ids) if chosen is None else chosen)
+            begun += time.perf_counter() - settling
         target = self.target_of[pos]
         if target is None:
             return replaced

@@ -102,6 +102,7 @@ class PrefetchScheduler(WorthTest):
             1.0, engine.transfers.chunk_bytes / engine.layout.nbytes)  # (asked of a real link only)
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
         self._top_k = [layer.top_k for layer in engine.layers]  # position -> experts a token uses there
+        self._top_k_of = {layer.index: layer.top_k for layer in engine.layers}  # the same by decoder layer index
 
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
@@ -177,10 +178,17 @@ class PrefetchScheduler(WorthTest):
         slope = (ms - m * stall) / spread
         return slope if slope > 0.0 else 0.0
 
-    def _hit_saves(self, t: float) -> float:
-        """What a right prefetch that has landed saves: its copy's time t, or what one more miss stalls where
-        that is less (demand copies overlap the compute of the layer's other experts)."""
+    def _hit_saves(self, t: float, layer: int) -> float:
+        """What a right prefetch for `layer` that has landed saves: its copy's time t, or what one more miss stalls
+        where that is less (demand copies overlap the compute of the layer's other experts): the fitted slope
+        (stall_per_miss), or where the misses hardly vary (every use missing, as at a 10 % cache) the layer's
+        stall per expected miss with its prediction put off, stall_off over top-k · miss rate, once stall_off
+        rests on STALL_OFF_AFTER steps (ufs4, tiny-qwen3-moe at 10 %: 75-90 us a miss against t = 147 us)."""
         per_miss = self.stall_per_miss()
+        if per_miss is None:
+            off, misses = self._stall_cap(layer), self._top_k_of[layer] * self.engine.miss_rate(layer)
+            if off is not None and misses > 0.0:
+                per_miss = off / misses
         return t if per_miss is None or per_miss > t else per_miss
 
     def _ema(self, old, new):
@@ -264,7 +272,7 @@ class PrefetchScheduler(WorthTest):
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
         (moving_s, issue_s, spared_s), lead = self._costs(t), self.lead_s(target_pos, h)
         precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
-        wanted, hit_saves = [], self._hit_saves(t)
+        wanted, hit_saves = [], self._hit_saves(t, layer)
         for rank, e in missing:
             p = precision[rank]
             saved = min(hit_saves, max(0.0, lead - (ahead + len(wanted)) * t))

@@ -129,7 +129,7 @@ class WorthTest:
         top-k · miss rate) (right and missing ones are uses the cache lacks), s = min(what a landed one saves,
         lead), c − d what issuing one costs beyond the demand load it spares (stall_off once measured)."""
         _, issue, spared = self._costs(t)
-        saves = min(self._hit_saves(t), lead)
+        saves = min(self._hit_saves(t, layer), lead)
         if saves <= 0.0:
             return 0.0
         right = min(float(self.budget), self._top_k[target_pos] * self.engine.miss_rate(layer))
@@ -152,7 +152,7 @@ class WorthTest:
         that measure it each cost a copy's stall on the SD card, where the floor needs no measuring); a no, when
         the net saving is under half the cost (it would have to double to pay) and rests on EXPLORE_EVERY
         scheduled predictions scored (pm and q measured, not their priors)."""
-        (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t)
+        (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t, layer)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(hit_saves, max(0.0, lead - (ahead + rank) * t))
