@@ -275,7 +275,7 @@ def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records
     making a prediction online is said to cost a second, so every verdict, once judged, puts it off."""
     from evalsuite.engine.scheduler import PrefetchScheduler
 
-    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self: 1.0)
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
     *quiet_record, quiet_tokens = record_of_run(True)
     *record, none = record_of_run(False)
     # 23 decode steps: the first, with no layer time, predicts its second layer online; the next judges that layer

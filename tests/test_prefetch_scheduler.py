@@ -384,6 +384,24 @@ def test_a_token_is_quiet_while_every_layer_s_verdict_to_put_off_stands():
     assert [s.put_off_all() for _ in range(EXPLORE_EVERY)] == [True] * (EXPLORE_EVERY - 1) + [False]
 
 
+def test_an_online_prediction_is_charged_the_quiet_token_it_rules_out():
+    """Where every other layer's verdict is to put off, a prediction made online is all that keeps its token from
+    being quiet: the token's other layers then put theirs off one by one (put_off_s each), where a quiet token
+    costs about one put-off. online_cost_s charges that, only then, and only where the driver makes quiet
+    tokens (not while a layer is unjudged, nor in a mode that speculates)."""
+    engine = FakeEngine()
+    engine.layers = [SimpleNamespace(index=i, top_k=2) for i in (3, 5, 7)]
+    s = PrefetchScheduler(engine, budget=2)
+    s.predict_s, s.put_off_s, s.quiet_tokens = 1.0, 0.25, True
+    assert s.online_cost_s() == s.online_cost_s(7) == 0.75  # layers 3 and 5 not judged yet
+    s._verdict_off.update({3: True, 5: False, 7: False})
+    assert s.online_cost_s(7) == 0.75  # layer 5 goes online anyway
+    s._verdict_off[5] = True
+    assert s.online_cost_s(7) == 0.75 + 2 * 0.25 and s.online_cost_s(3) == 0.75
+    s.quiet_tokens = False
+    assert s.online_cost_s(7) == 0.75
+
+
 def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     """A candidate saves at most its copy (t): where every candidate right and missing would still save less
     than the prediction costs, precision cannot change the verdict, only a cheaper prediction can, so one in

@@ -161,7 +161,7 @@ def test_the_replay_makes_a_step_quiet_where_the_engine_would(monkeypatch):
     from evalsuite.engine.scheduler import PrefetchScheduler
     from evalsuite.perf.replay import Replay
 
-    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self: 1.0)  # once judged, every one put off
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)  # once judged, every one put off
     trace, capacity = _gate_trace()
     costs = replace(COSTS, transfer_s=2e-4, predictor_s=1e-3, put_off_s=2e-4)
     quiet = Replay(trace, costs, capacity, "router-preserving", trace.top_k, True, "lru")

@@ -114,6 +114,8 @@ class PredictionDriver:
                          and engine.cache.policy != "predicted")
         self.speculating = MODES[mode].speculates
         self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
+        if scheduler is not None:
+            scheduler.quiet_tokens = self.may_quiet  # (what an online prediction rules out: online_cost_s)
         # a predictor that knows its ranking without a tensor call may give it (predictor.ranked(scores, budget))
         self.rank = getattr(predictor, "ranked", ranked)
         self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index

@@ -92,6 +92,8 @@ class PrefetchScheduler(WorthTest):
         self.stall_off: dict[int, float] = {}  # sparse layer -> decode stall of its step when its prediction was put off
         self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
         self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
+        self._verdict_off: dict[int, bool] = {}  # sparse layer -> whether its last verdict (_judge) is to put off
+        self.quiet_tokens = False  # whether the driver makes a token quiet where every verdict stands (put_off_all)
         # moving means of (m, s, m², m·s) over put-off decode steps, m demand misses and s stall: s's slope in m
         # is what one more miss stalls (stall_per_miss)
         self._miss_fit, self._miss_fit_n = [0.0, 0.0, 0.0, 0.0], 0
@@ -103,6 +105,7 @@ class PrefetchScheduler(WorthTest):
         self._index = [layer.index for layer in engine.layers]  # position -> decoder layer index
         self._top_k = [layer.top_k for layer in engine.layers]  # position -> experts a token uses there
         self._top_k_of = {layer.index: layer.top_k for layer in engine.layers}  # the same by decoder layer index
+        self._layers = list(self._top_k_of)  # the sparse layers' decoder indices
 
     def new_request(self) -> None:
         self.layer_s = self.wrap_s = self._last = None
@@ -205,9 +208,18 @@ class PrefetchScheduler(WorthTest):
         old = self.put_off_s  # (_ema written out: this runs at many layers whose prediction is put off)
         self.put_off_s = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
 
-    def online_cost_s(self) -> float:
-        """What a prediction made online costs the compute thread beyond putting it off."""
-        return max(0.0, self.predict_s - (self.put_off_s or 0.0))
+    def online_cost_s(self, layer: int | None = None) -> float:
+        """What a prediction (for `layer`) made online costs the compute thread beyond putting it off: its own work
+        beyond a put-off one's; and where every other layer's verdict is to put off, the quiet token it rules out
+        (put_off_all): the token's other layers then put theirs off one by one, at put_off_s each, where a quiet
+        token costs about one put-off (its first layer's start)."""
+        put_off = self.put_off_s or 0.0
+        cost = max(0.0, self.predict_s - put_off)
+        verdict_off = self._verdict_off
+        if layer is not None and self.quiet_tokens and all(
+                verdict_off.get(other, False) for other in self._layers if other != layer):
+            cost += (len(self._layers) - 1) * put_off
+        return cost
 
     def _costs(self, t: float) -> tuple[float, float, float]:
         """What sending a prefetch costs (see cost(r)): half a chunk of the demand loads' time if it is wrong,

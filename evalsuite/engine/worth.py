@@ -85,12 +85,13 @@ class WorthTest:
         # every ask counts, answered or not: each layer is asked once a decode token, so their verdicts to put off
         # then end at the same token, and the tokens between are quiet ones (put_off_all)
         asked = self._asked[layer] = self._asked.get(layer, 0) + 1
+        self._verdict_off[layer] = False
         if not self.window or self.layer_s is None or self.predict_s is None:
             return True
         t = self.engine.transfers.seconds_per_transfer()
         if t is None:
             return True
-        cost, lead = self.online_cost_s(), self.lead_s(target_pos, h)
+        cost, lead = self.online_cost_s(layer), self.lead_s(target_pos, h)
         off = self.stall_off.get(layer)
         most = self._most_saved(target_pos, layer, t, lead)
         if most <= cost:
@@ -99,6 +100,7 @@ class WorthTest:
             # or a slower link, so it is measured far less often; and judged far less often where it would have to
             # double to pay (what it weighs drifts slowly, and on a fast link the tokens that judge cost the most)
             rarely = EXPLORE_EVERY * EXPLORE_EVERY
+            self._verdict_off[layer] = True
             if asked % rarely == 0:
                 return True
             every = rarely if 2 * most < cost else EXPLORE_EVERY
@@ -111,6 +113,7 @@ class WorthTest:
         if verdict is None:
             verdict = self._verdict[layer] = self._pays(layer, t, lead, cost, off)
         pays, sure = verdict
+        self._verdict_off[layer] = not pays
         if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
             return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
         # (a sure yes is first put off at ask EXPLORE_EVERY² − EXPLORE_EVERY/2, not at the first phase: a request
