@@ -7,7 +7,9 @@ named as in that module's docstring (t, lead, pm, q, cost(r), the send rule).
 worth      a prediction is made during decoding only if its candidates' expected saving (the rule's
            margins, each times q) exceeds what making it online costs the compute thread beyond putting
            it off (`online_cost_s`: the driver times both paths from the router of the layer that
-           predicts, the online one through scheduling its prefetches, their issuing left out);
+           predicts, the online one through scheduling its prefetches, their issuing and the settling of
+           the layer's own prefetches left out; and where every other layer's verdict is to put off, the
+           quiet token it rules out: the other layers' put-offs one by one, less the one a quiet token costs);
            otherwise (a fast link, a cache that already holds the layer) the driver makes it after the
            request, for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made
            online anyway, so what only online predictions measure (pm, q, predict_s) stays current, or
