@@ -392,13 +392,13 @@ def test_an_online_prediction_is_charged_the_quiet_token_it_rules_out():
     engine = FakeEngine()
     engine.layers = [SimpleNamespace(index=i, top_k=2) for i in (3, 5, 7)]
     s = PrefetchScheduler(engine, budget=2)
-    s.predict_s, s.put_off_s, s.quiet_tokens = 1.0, 0.25, True
+    s.predict_s, s.put_off_s, s.quiet_possible = 1.0, 0.25, True
     assert s.online_cost_s() == s.online_cost_s(7) == 0.75  # layers 3 and 5 not judged yet
     s._verdict_off.update({3: True, 5: False, 7: False})
     assert s.online_cost_s(7) == 0.75  # layer 5 goes online anyway
     s._verdict_off[5] = True
     assert s.online_cost_s(7) == 0.75 + 2 * 0.25 and s.online_cost_s(3) == 0.75
-    s.quiet_tokens = False
+    s.quiet_possible = False
     assert s.online_cost_s(7) == 0.75
 
 

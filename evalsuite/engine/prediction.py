@@ -21,8 +21,8 @@ target layer; averaged within a sample (a batch row of a request), then across s
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -115,7 +115,7 @@ class PredictionDriver:
         self.speculating = MODES[mode].speculates
         self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
         if scheduler is not None:
-            scheduler.quiet_tokens = self.may_quiet  # (what an online prediction rules out: online_cost_s)
+            scheduler.quiet_possible = self.may_quiet  # (what an online prediction rules out: online_cost_s)
         # a predictor that knows its ranking without a tensor call may give it (predictor.ranked(scores, budget))
         self.rank = getattr(predictor, "ranked", ranked)
         self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index

@@ -93,7 +93,7 @@ class PrefetchScheduler(WorthTest):
         self._stall_off_n: dict[int, int] = {}  # sparse layer -> steps stall_off has seen
         self._put_off_for: dict[int, bool] = {}  # position -> whether this step's prediction for it was put off
         self._verdict_off: dict[int, bool] = {}  # sparse layer -> whether its last verdict (_judge) is to put off
-        self.quiet_tokens = False  # whether the driver makes a token quiet where every verdict stands (put_off_all)
+        self.quiet_possible = False  # whether the driver makes a token quiet where every verdict stands (put_off_all)
         # moving means of (m, s, m², m·s) over put-off decode steps, m demand misses and s stall: s's slope in m
         # is what one more miss stalls (stall_per_miss)
         self._miss_fit, self._miss_fit_n = [0.0, 0.0, 0.0, 0.0], 0
@@ -216,7 +216,7 @@ class PrefetchScheduler(WorthTest):
         put_off = self.put_off_s or 0.0
         cost = max(0.0, self.predict_s - put_off)
         verdict_off = self._verdict_off
-        if layer is not None and self.quiet_tokens and all(
+        if layer is not None and self.quiet_possible and all(
                 verdict_off.get(other, False) for other in self._layers if other != layer):
             cost += (len(self._layers) - 1) * put_off
         return cost

@@ -81,7 +81,7 @@ class Replay:
         self.demand_cost_s = costs.miss_s  # what a demand load costs it (_spend below), so what a right prefetch spares
         self.scheduler = PrefetchScheduler(self, budget, window) if self.predicting else None
         if self.scheduler is not None:  # where the driver would make a token quiet (_quiet)
-            self.scheduler.quiet_tokens = (not self.perfect and policy != "predicted"
+            self.scheduler.quiet_possible = (not self.perfect and policy != "predicted"
                                            and not SIMULATED_MODES[mode].speculates)
         self.t = self.excluded = 0.0  # the clock; time between requests (a prefill) left out of TPOT
         self.compute = self.waited = self.predict = 0.0
