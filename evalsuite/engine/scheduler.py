@@ -188,10 +188,10 @@ class PrefetchScheduler(WorthTest):
         stall per expected miss with its prediction put off, stall_off over top-k · miss rate, once stall_off
         rests on STALL_OFF_AFTER steps (ufs4, tiny-qwen3-moe at 10 %: 75-90 us a miss against t = 147 us)."""
         per_miss = self.stall_per_miss()
-        if per_miss is None:
-            off, misses = self._stall_cap(layer), self._top_k_of[layer] * self.engine.miss_rate(layer)
-            if off is not None and misses > 0.0:
-                per_miss = off / misses
+        off = self._stall_cap(layer) if per_miss is None else None
+        if off is not None:
+            misses = self._top_k_of[layer] * self.engine.miss_rate(layer)
+            per_miss = off / misses if misses > 0.0 else None
         return t if per_miss is None or per_miss > t else per_miss
 
     def _ema(self, old, new):
