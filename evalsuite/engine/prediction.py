@@ -361,12 +361,12 @@ class PredictionDriver:
         for k in self.recall_ks:
             recall.setdefault(k, {})
         for layer, steps in self.current.items():
-            made = []  # (scores, native ids, rows) of the steps with a prediction
+            made, pos = [], self.pos_of[layer]  # (scores, native ids, rows) of the steps with a prediction
             for step in steps:
                 if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
-                    if len(step.inputs) <= self.pos_of[layer]:
+                    if len(step.inputs) <= pos:
                         continue
-                    predicted, native, rows = step.prediction_for(self.pos_of[layer]), step.ids(self.pos_of[layer]), None
+                    predicted, native, rows = step.prediction_for(pos), step.ids(pos), None
                 else:
                     predicted, native, rows = step
                 scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]

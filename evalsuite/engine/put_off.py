@@ -72,6 +72,7 @@ class QuietToken:
 
     def keep(self, x, residual, ids, weights) -> None:
         """Sparse layer len(inputs)'s inputs, with their version counters now (see Later)."""
+        # (versions_of written out: this runs at every layer of a quiet token, and the call cost 0.5 of its 2.4 us)
         self.inputs.append((x, residual, ids, weights, (
             x._version, None if residual is None else residual._version, ids._version, weights._version)))
 

@@ -68,7 +68,7 @@ class WorthTest:
         driver asks nothing more of it). If so, each verdict stands one ask less, as if asked, and the token's
         layers go untimed (they neither time a layer nor measure stall_off)."""
         off_left, asked = self._off_left, self._asked
-        if len(off_left) < len(self._index) or not all(off_left.values()):
+        if len(off_left) < len(self._layers) or not all(off_left.values()):
             return False
         for layer, left in off_left.items():
             off_left[layer] = left - 1

@@ -97,7 +97,7 @@ class Replay:
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
         self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
         self.put_offs = 0  # predictions put off so far (PredictionDriver.put_off)
-        self.quiet_steps = 0  # decode steps all of whose predictions were put off unasked (PredictionDriver.quiet_tokens)
+        self.quiet_steps = 0  # decode steps whose predictions were all put off unasked (driver.quiet_tokens)
 
     # ---- requests: a prefill, then decode steps ---------------------------------------------
     def run(self) -> None:
@@ -133,8 +133,7 @@ class Replay:
         put off stands, nothing of the last step's prediction in flight or made online). It costs what putting
         one prediction off does: its first layer's start, 16-17 us in place on tiny-qwen3-moe against 17 us for
         one put off; the ~2 us its other layers each spend keeping their inputs are left out."""
-        if (not self.predicting or self.perfect or self.cache.policy == "predicted"
-                or SIMULATED_MODES[self.mode].speculates or 0 in self.pending or self.unsettled
+        if (not self.predicting or not self.scheduler.quiet_possible or 0 in self.pending or self.unsettled
                 or not self.scheduler.put_off_all()):
             return False
         self.pending, self.deferred = {}, None
@@ -145,7 +144,7 @@ class Replay:
     def _quiet_layer(self, pos: int, routing, step, following) -> None:
         """A quiet step's layer: its native experts run, its prediction is left for the request's end."""
         self._spend(self.costs.dense_s)
-        target, ahead = (pos + 1, step[pos + 1]) if pos + 1 < len(step) else (0, following and following[0])
+        target, ahead = self._next_of(pos, step, following)
         if ahead is not None and ahead.predicted:
             self.put_off.append((self.trace.layers[target], ahead.predicted, set(ahead.native)))
             self.put_offs += 1
@@ -191,8 +190,14 @@ class Replay:
             self._predict(pos, step, following)
         self._weights_in_order(layer, sorted(executed))
 
+    @staticmethod
+    def _next_of(pos: int, step, following) -> tuple:
+        """What sparse layer `pos` of `step` predicts: (its target position, that layer's routing), the next
+        step's first layer from the last (None at a request's last step)."""
+        return (pos + 1, step[pos + 1]) if pos + 1 < len(step) else (0, following and following[0])
+
     def _predict(self, pos: int, step, following) -> None:
-        target, routing = (pos + 1, step[pos + 1]) if pos + 1 < len(step) else (0, following and following[0])
+        target, routing = self._next_of(pos, step, following)
         if routing is None:  # the request's last token: nothing comes next
             return
         ranked = list(routing.native) if self.perfect else routing.predicted
