@@ -283,6 +283,30 @@ def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records
     assert quiet_record == record
 
 
+def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monkeypatch):
+    """The layer time and the verdicts resting on it carry over from one request to the next: where nothing pays, a
+    second request puts every decode prediction off from its first token, where a new engine's first decode token,
+    with no layer time measured, predicts online; clear_cache starts over as a new engine."""
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=24)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
+                           trace=True) as engine, torch.no_grad():
+        driver = engine.driver
+
+        def put_off_in_a_request():
+            before = driver.put_off
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
+            assert torch.equal(out, expected)
+            return driver.put_off - before
+
+        every = 23 * driver.predicted_per_token  # each decode step's predictions
+        assert put_off_in_a_request() == every - 1  # a new engine: its first decode token predicts one layer online
+        assert put_off_in_a_request() == every
+        engine.clear_cache()
+        assert driver.scheduler.layer_s is None and not driver.scheduler.put_off_all()
+
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
     layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a

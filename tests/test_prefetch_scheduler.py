@@ -68,7 +68,12 @@ def test_layer_time_is_decode_only_and_leaves_out_stalls(monkeypatch):
     at(monkeypatch, 10.5)
     s.layer_started(1, decoding=True)
     assert abs(s.layer_s - 0.2) < 1e-9
-    s.new_request()
+    s.new_request()  # what a decode layer takes carries over: the next request's first token is judged with it
+    assert abs(s.layer_s - 0.2) < 1e-9
+    at(monkeypatch, 20.0)
+    s.layer_started(1, decoding=True)  # a new request's first router: no layer before it in this request
+    assert abs(s.layer_s - 0.2) < 1e-9
+    s.forget()  # as a new engine
     assert s.layer_s is None
 
 
@@ -88,6 +93,8 @@ def test_the_next_token_s_first_layer_gets_the_measured_time_from_the_last_layer
     assert abs(s.wrap_s - 0.6) < 1e-9 and abs(s.layer_s - 0.2) < 1e-9
     assert s.lead_s(0, 1) == s.wrap_s and s.lead_s(1, 1) == s.layer_s
     s.new_request()
+    assert abs(s.wrap_s - 0.6) < 1e-9
+    s.forget()
     assert s.wrap_s is None
 
 
@@ -334,7 +341,8 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
 def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
     """A put-off verdict is not judged again at every layer of every token (that cost the hot path as much as the
     rest of putting a prediction off): it stands until the layer's next ask that may explore (one in
-    EXPLORE_EVERY), until its precisions change (observe), or until the next request."""
+    EXPLORE_EVERY), until its precisions change (observe), or until the engine forgets (clear_cache); a new request
+    keeps it, as it keeps the layer time it rests on."""
     from evalsuite.engine.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
@@ -355,6 +363,8 @@ def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
     assert s.worth_predicting(1, 1)
     s = scheduler()
     s.new_request()
+    assert not s.worth_predicting(1, 1)
+    s.forget()
     s.layer_s = 10.0
     assert s.worth_predicting(1, 1)
 

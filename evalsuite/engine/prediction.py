@@ -347,11 +347,11 @@ class PredictionDriver:
 
     def forget(self) -> None:
         """Drop what prediction carried over (pending predictions, a deferred prefetch, the scheduler's
-        layer timing), as a fresh engine would start; the scheduler's per-rank precision is kept."""
+        layer timing and verdicts), as a fresh engine would start; the scheduler's per-rank precision is kept."""
         self.pending.clear()
         self.deferred, self.quiet = None, None
         if self.scheduler is not None:
-            self.scheduler.new_request()
+            self.scheduler.forget()
 
     def end_request(self) -> None:
         """Close the running request: each of its rows becomes one sample in the engine's record, with

@@ -43,8 +43,8 @@ rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·
 
 worth      whether a prediction is made now or after its request: evalsuite.engine.worth.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
-           the next, minus the stall the engine recorded in between; reset per request (a
-           request's first decode token has no measurement yet and sends the top `budget`). wrap_s
+           the next, minus the stall the engine recorded in between; kept from one request to the
+           next (a new engine's first decode token has no measurement yet and sends the top `budget`). wrap_s
            is measured the same way, from a token's last sparse layer to the next token's first.
 """
 from __future__ import annotations
@@ -108,9 +108,19 @@ class PrefetchScheduler(WorthTest):
         self._layers = list(self._top_k_of)  # the sparse layers' decoder indices
 
     def new_request(self) -> None:
-        self.layer_s = self.wrap_s = self._last = None
+        """A request starts (its prefill): the layer timing's chain restarts. What a decode layer takes (layer_s,
+        wrap_s) carries over from the requests before, as the precisions do, and so do the verdicts resting on it:
+        a request's first decode token is judged like any other (with nothing measured it predicted online at
+        every layer, and sent what it predicted)."""
+        self._last = None
         self._put_off_for.clear()
-        self._off_left.clear()  # (judged with this request's layer_s, which starts unknown)
+
+    def forget(self) -> None:
+        """Start as a new engine would (Engine.clear_cache): no layer time measured, no verdict standing; the
+        per-rank precisions are kept."""
+        self.new_request()
+        self.layer_s = self.wrap_s = None
+        self._off_left.clear()
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
