@@ -307,6 +307,7 @@ def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monk
         engine.clear_cache()
         assert driver.scheduler.layer_s is None and not driver.scheduler.put_off_all()
 
+
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
     layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a
