@@ -338,7 +338,7 @@ class Engine(ExpertFetching):
 
     def clear_cache(self) -> None:
         """Start cold, as a new engine would: let copies in flight land, empty the expert cache, and drop
-        what prediction carried over (pending predictions and prefetches, the scheduler's layer timing)."""
+        what prediction carried over (pending predictions and prefetches, the scheduler's layer timing and verdicts)."""
         if self.driver is not None:
             self.driver.forget()
         if self.cache is None:

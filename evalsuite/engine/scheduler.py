@@ -44,8 +44,8 @@ rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·
 worth      whether a prediction is made now or after its request: evalsuite.engine.worth.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
            the next, minus the stall the engine recorded in between; kept from one request to the
-           next (a new engine's first decode token has no measurement yet and sends the top `budget`). wrap_s
-           is measured the same way, from a token's last sparse layer to the next token's first.
+           next (a new engine's first decode token has no measurement yet and sends the top `budget`).
+           wrap_s is measured the same way, from a token's last sparse layer to the next token's first.
 """
 from __future__ import annotations
 
