@@ -55,6 +55,19 @@ def test_smaller_cache_misses_more():
     assert misses["all"] <= 3 * 8  # each expert fetched at most once
 
 
+def test_stall_per_token_is_what_the_decode_steps_waited_per_step():
+    # the prefill's wait is TTFT's: counted into the stall per token, it read 159 ms beside a 224 ms TPOT
+    # (Qwen3-30B-A3B shapes on ufs4), and the bench subtracted it from TPOT as if decode had waited it
+    model = copy.deepcopy(reference_model("qwen3_moe", "float32"))
+    ids, mask = batch(2)
+    with evalsuite.offload(model, cache_capacity=2, link="1GB/s+2000us") as engine, torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        s = engine.stats()
+    decode = sum(layer["decode_stall_s"] for layer in s["layers"].values())
+    assert decode == pytest.approx(s["decode_stall_s"]) and 0 < decode < s["stall_s"]  # the prefill waited too
+    assert s["stall_ms_per_token"] == pytest.approx(decode * 1e3 / 3)  # 4 forward passes: 3 decode steps
+
+
 def test_prefetch_turns_misses_into_hits():
     model = copy.deepcopy(reference_model("qwen3_moe", "float32"))
     ids, mask = batch(1)

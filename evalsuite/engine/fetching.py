@@ -173,6 +173,8 @@ class ExpertFetching:
 
     def _stalled(self, counters: Counters, seconds: float) -> None:
         counters.stall_s += seconds
+        if self.forward.decoding:
+            counters.decode_stall_s += seconds
         self.stalled_s += seconds  # the engine's total, which the prefetch scheduler reads per layer
 
     def _evicted(self, key) -> None:

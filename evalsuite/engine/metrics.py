@@ -22,7 +22,11 @@ divergence     per sample, against the resident run's greedy generation: the fir
                position whose token differs (None if none) and the share of positions with
                identical tokens (over the longer of the two generations).
 hit rate       hits / uses.
-stall          wall time the compute waited for expert transfers to land.
+stall          wall time the compute waited for expert transfers to land (`stall_s`; `decode_stall_s`: the
+               part of it in decode steps).
+stall per token  the part of TPOT spent waiting: a request's decode stall over its decode steps, weighted
+               by its sequences as TPOT is (a batch's wait delays each of its rows); the prefill's stall
+               is in TTFT.
 TTFT           time to first token: wall time of a request's first forward pass (the prefill).
 TPOT           time per output token of one sequence: (end of the last forward - end of the first)
                / (n - 1) for a request whose generation ran n forward passes (each gives every
@@ -64,6 +68,7 @@ class Counters:
     victims_restored: int = 0
     bytes_transferred: int = 0
     stall_s: float = 0.0
+    decode_stall_s: float = 0.0  # the part of stall_s in decode steps
 
     def add(self, other: "Counters") -> "Counters":
         for name in self.__dataclass_fields__:
@@ -218,6 +223,12 @@ class EngineRecord:
                 out.append((label, {"recall": recall or None, **shared}))
         return out
 
+    def _decode_stall_per_token(self, timed: list[RequestRecord]) -> float | None:
+        """ms of decode stall per decode step of a sequence (see 'stall per token'); None without decode steps."""
+        steps = sum(r.rows * (len(r.ends) - 1) for r in timed)
+        stall = sum(r.rows * self.counters_of(r).decode_stall_s for r in timed)
+        return stall * 1e3 / steps if steps else None
+
     def summary(self, precision_by_construction: bool = False) -> dict:
         """Totals, per-layer counters, timing and recall. `precision_by_construction`: the engine ran a mode whose
         speculating decode layers prefetch exactly the experts they then execute (speculative, hybrid), so its
@@ -236,7 +247,7 @@ class EngineRecord:
             "sequences": sum(r.rows for r in timed),
             "tokens": tokens,
             "bytes_per_token": total.bytes_transferred / tokens if tokens else None,
-            "stall_ms_per_token": total.stall_s * 1e3 / tokens if tokens else None,
+            "stall_ms_per_token": self._decode_stall_per_token(timed),
             # per sequence: a batched request's time counts once for each of its rows
             "ttft_ms": summarise(r.ttft_s for r in timed for _ in range(r.rows)),
             "tpot_ms": summarise(r.tpot_s for r in timed for _ in range(r.rows)),

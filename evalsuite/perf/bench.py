@@ -180,8 +180,8 @@ def _case_costs(costs: Costs, pcost: dict, case: Case, transfer_s: float, handof
 
 def at_speed(run: dict, factor: float) -> float:
     """A run's TPOT with its compute at the reference machine speed: its stall (waiting for the link, which keeps
-    wall-clock time) as measured, the rest divided by the run's speed factor (its attention time over the
-    reference's, SpeedProbe)."""
+    wall-clock time; per decode step, as TPOT is: the engine's stall_ms_per_token) as measured, the rest divided
+    by the run's speed factor (its attention time over the reference's, SpeedProbe)."""
     stall = (run["stall_ms_per_token"] or 0.0) / 1e3
     return stall + (run["tpot_s"] - stall) / factor
 

@@ -287,6 +287,8 @@ class Replay:
         ready = self.link.finish(copy) + self.costs.handoff_s
         self.waited += ready - self.t
         self.counters.stall_s += ready - self.t
+        if self.counters is self.decode:
+            self.counters.decode_stall_s += ready - self.t
         self.t = ready
 
     # ---- prefetching: Engine.prefetch, settle_prefetches, PredictionDriver.release_prefetch -------
