@@ -304,7 +304,7 @@ def test_a_prediction_costs_what_the_driver_spends_on_it_not_a_difference_of_two
     from evalsuite.perf import costs as costs_module
 
     def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand 10 ms a step, gate 2 ms more
-        return (0.010, None, None) if predictor is None else (0.012, 0.0001, 0.0003)
+        return costs_module.Warm(0.010, per_use_s=1e-4) if predictor is None else costs_module.Warm(0.012, 1e-4, 3e-4)
 
     monkeypatch.setattr(costs_module, "_warm_tpot", warm)
     model = copy.deepcopy(reference_model("qwen3_moe"))
@@ -315,13 +315,29 @@ def test_a_prediction_costs_what_the_driver_spends_on_it_not_a_difference_of_two
     assert cases["gate"]["step_extra"] == pytest.approx(0.002 / layers)
 
 
+def test_the_bookkeeping_per_use_is_the_experts_clocked_time_at_one_machine_speed(monkeypatch):
+    """Not the difference of two whole TPOTs: a warm run the machine slowed to a second a step would have read as
+    bookkeeping at every use. The experts' clocked time per use, the warm run's at the resident run's speed."""
+    from evalsuite.perf import costs as costs_module
+
+    warm = costs_module.Warm
+    assert costs_module._per_use_overhead(warm(0.5, per_use_s=2.2e-3, attention_s=2e-3), 1e-3, 1e-3) == \
+        pytest.approx(0.1e-3)  # at half speed: 1.1 ms a use at the resident run's
+    assert costs_module._per_use_overhead(warm(0.5, per_use_s=1.2e-3), 1e-3, None) == pytest.approx(0.2e-3)  # no probe
+    monkeypatch.setattr(costs_module, "_warm_tpot", lambda *args: warm(1.0, per_use_s=0.0))
+    model = copy.deepcopy(reference_model("qwen3_moe"))
+    ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    costs, _, _ = costs_module.measure_costs(model, ids, 4, 1)
+    assert costs.lookup_s == 0.0
+
+
 def test_the_cost_of_starting_a_copy_is_measured_against_warm_on_demand_whatever_the_cases(monkeypatch):
     """A cold engine's TPOT minus a warm on-demand engine's (same kernel, no copy), minus its stall, per copy: not
     minus another case's warm TPOT, such as the oracle's with its look-ahead pass, which would leave it at 0."""
     from evalsuite.perf import costs as costs_module
 
     def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand free, the oracle a second a step
-        return (0.0, None, None) if predictor is None else (1.0, None, None)
+        return costs_module.Warm(0.0, per_use_s=0.0) if predictor is None else costs_module.Warm(1.0)
 
     monkeypatch.setattr(costs_module, "_warm_tpot", warm)
     model = copy.deepcopy(reference_model("qwen3_moe"))

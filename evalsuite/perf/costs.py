@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -52,7 +53,7 @@ def scaled(costs: Costs, factor: float) -> Costs:
 
 
 class LayerClock:
-    """Per decode step: time in each sparse layer and in its routed experts (resident engine)."""
+    """Per decode step: time in each sparse layer and in its routed experts."""
 
     def __init__(self, engine):
         self.engine, self.hooks = engine, []
@@ -134,7 +135,8 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
 
     Layer clocks on a resident engine give the dense part of a sparse layer, one expert, and
     the rest of a step. Engines whose cache holds every expert and is already warm then
-    isolate the offloading path's bookkeeping per expert use (warm on-demand minus resident)
+    isolate the offloading path's bookkeeping per expert use (the routed experts' layer-clocked time per
+    use, warm on-demand's at the resident run's speed, minus resident's: `_per_use_overhead`)
     and each predicting case's own cost, with no transfer in any (`predicting`: (label, mode,
     predictor, its artifact) of each case): per prediction, the driver's work timed around it
     (DriverClock: prediction, scheduling, speculative substitution); for the oracle, whose
@@ -147,7 +149,7 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
     on per_prediction)}, or {"per_step"}: seconds}, the speed probe's attention seconds: the
     reference for scaled()).
     """
-    dense, expert, step, resident, per_miss, attention = [], [], [], [], [], []
+    dense, expert, step, per_use, per_miss, attention = [], [], [], [], [], []
     warm = {label: [] for label in ["on-demand", *(case[0] for case in predicting)]}
     calls: dict[str, list[float]] = {}  # label -> the scheduler's own time per prediction, per repeat
     driver: dict[str, list[float]] = {}  # label -> the driver's time per prediction (DriverClock), per repeat
@@ -163,22 +165,21 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
         expert.append(sum(clock.experts_s) / sum(clock.experts_run))
         step.append(resident_tpot - sum(clock.layer_s) / steps)
-        resident.append(resident_tpot)
-        warm_on_demand = _warm_tpot(model, ids, tokens, "on-demand", None, artifact)[0]
-        warm["on-demand"].append(warm_on_demand)
+        on_demand = _warm_tpot(model, ids, tokens, "on-demand", None, artifact)
+        warm["on-demand"].append(on_demand.tpot_s)
+        per_use.append(_per_use_overhead(on_demand, expert[-1], attention[-1]))
         for label, mode, predictor, own in predicting:
-            tpot, call, per_prediction = _warm_tpot(model, ids, tokens, mode, predictor, own)
-            warm[label].append(tpot)
-            if call is not None:
-                calls.setdefault(label, []).append(call)
-            if per_prediction is not None:
-                driver.setdefault(label, []).append(per_prediction)
-        per_miss.append(_miss_seconds(model, ids, tokens, warm_on_demand))
+            run = _warm_tpot(model, ids, tokens, mode, predictor, own)
+            warm[label].append(run.tpot_s)
+            if run.call_s is not None:
+                calls.setdefault(label, []).append(run.call_s)
+            if run.per_prediction_s is not None:
+                driver.setdefault(label, []).append(run.per_prediction_s)
+        per_miss.append(_miss_seconds(model, ids, tokens, on_demand.tpot_s))
     med = statistics.median
     layers = sparse_layers(model)
-    uses = len(layers) * layers[0].top_k
     costs = Costs(dense_s=med(dense), expert_s=med(expert), step_s=max(0.0, med(step)), transfer_s=0.0,
-                  lookup_s=max(0.0, (med(warm["on-demand"]) - med(resident)) / uses), miss_s=med(per_miss))
+                  lookup_s=max(0.0, med(per_use)), miss_s=med(per_miss))
     case_costs = {}
     for label, _, predictor, _ in predicting:
         extra = max(0.0, med(warm[label]) - med(warm["on-demand"]))
@@ -213,9 +214,28 @@ def _miss_seconds(model, ids, tokens, warm_tpot) -> float:
     return max(0.0, overhead / misses) if misses > 0 else 0.0
 
 
-def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, float | None, float | None]:
-    """Median TPOT of a warm engine whose cache holds every expert, its scheduler's own time per prediction and
-    its driver's (DriverClock) per prediction (None, None for a mode that does not predict)."""
+class Warm(NamedTuple):
+    """What one warm engine (its cache holding every expert) measured over one request."""
+
+    tpot_s: float  # median TPOT
+    call_s: float | None = None  # its scheduler's own time per prediction (None: the mode does not predict)
+    per_prediction_s: float | None = None  # its driver's time per prediction (DriverClock)
+    per_use_s: float | None = None  # its routed experts' time per expert use (LayerClock)
+    attention_s: float | None = None  # how fast the machine ran meanwhile (SpeedProbe)
+
+
+def _per_use_overhead(warm: Warm, resident_per_use_s: float, resident_attention_s: float | None) -> float:
+    """The offloading path's time per expert use over resident's: both layer-clocked around the routed experts,
+    the warm run's at the resident run's machine speed. The difference of the two whole TPOTs per use carried
+    both runs' compute and the machine's drift between them: at Qwen3-30B-A3B shapes (8 sparse layers, 64 uses a
+    token) it read 0.30 ms a use, ±0.63 over eight repeats, this 0.05 ±0.11; on tiny-qwen3-moe 23 ±76 µs, this 23
+    ±6 µs (docs/performance.md, "`evalsuite bench`")."""
+    speed = resident_attention_s / warm.attention_s if resident_attention_s and warm.attention_s else 1.0
+    return warm.per_use_s * speed - resident_per_use_s
+
+
+def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> Warm:
+    """A warm engine whose cache holds every expert, over one request (Warm)."""
     # a model without its experts reads them from its checkpoint: the cache then holds the only copy
     store = "disk" if unloaded(model) else "host"
     # window=False: every prediction is made when the engine meets it. With the scheduler's window, a cache
@@ -228,12 +248,15 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact) -> tuple[float, fl
         greedy(model, ids, tokens)  # fills the cache
         engine.reset_stats()
         clock = DriverClock(engine) if engine.driver is not None else None
+        layers, probe = LayerClock(engine), SpeedProbe(engine)
         greedy(model, ids, tokens)
+        layers.close()
         scheduler = engine.driver.scheduler if engine.driver is not None else None
         if clock is not None:
             clock.close()
-        return (engine.stats()["tpot_ms"]["median"] / 1e3, scheduler.predict_s if scheduler is not None else None,
-                clock.per_prediction() if clock is not None else None)
+        return Warm(engine.stats()["tpot_ms"]["median"] / 1e3, scheduler.predict_s if scheduler is not None else None,
+                    clock.per_prediction() if clock is not None else None,
+                    sum(layers.experts_s) / sum(layers.experts_run), probe.median())
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:
