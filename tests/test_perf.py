@@ -142,6 +142,36 @@ def test_bench_measures_every_case_and_checks_the_simulator_against_it(monkeypat
     assert len(cfg["traces"]["on-demand"].steps) == 4
 
 
+def test_the_gap_closed_at_speed_compares_every_run_at_the_speed_of_the_bound_s_costs(monkeypatch):
+    """The bound comes from the cost runs' clocks; a case run the machine computed at half their speed is
+    compared with it at their speed (its stall as measured, the rest halved), not as its clock read."""
+    from evalsuite.perf import costs as costs_module
+
+    def probe(seconds):
+        class Probe:
+            def __init__(self, engine):
+                pass
+
+            def median(self):
+                return seconds
+        return Probe
+
+    monkeypatch.setattr(costs_module, "SpeedProbe", probe(1e-3))  # the cost runs
+    monkeypatch.setattr(bench, "SpeedProbe", probe(2e-3))  # every case run at half their speed
+    cfg = bench_model("tiny:qwen3_moe", ["sdcard"], [0.25], ["trace-oracle"], tokens=5, repeats=1,
+                      progress=False)["configs"][0]
+    rows = {r["case"]: r for r in cfg["rows"]}
+
+    def at_speed(row):
+        return bench.at_speed({"tpot_s": row["tpot_ms"] / 1e3, "stall_ms_per_token": row["stall_ms_per_token"]}, 2.0)
+
+    od, oracle, bound = at_speed(rows["on-demand"]), at_speed(rows["router-preserving/trace-oracle"]), \
+        cfg["bound_tpot_ms"] / 1e3
+    assert rows["router-preserving/trace-oracle"]["speed_factor"] == 2.0
+    assert rows["router-preserving/trace-oracle"]["gap_closed_at_speed"] == pytest.approx((od - oracle) / (od - bound))
+    assert rows["resident"]["gap_closed_at_speed"] is None
+
+
 def test_a_run_at_speed_rescales_its_compute_and_keeps_its_stall():
     run = {"tpot_s": 10e-3, "stall_ms_per_token": 2.0}  # 8 ms of compute on a machine at half speed
     assert bench.at_speed(run, 2.0) == pytest.approx(6e-3)

@@ -39,7 +39,8 @@ def _db_rows(db_url, result: dict) -> int:
                                        "cache_capacity": cfg["capacity"], "link": cfg["link"],
                                        "kind": "bench", "case": row["case"], "tokens": result["tokens"]})
                 metrics = [{"metric": k, "value": row[k]} for k in
-                           ("tpot_ms", "ttft_ms", "gap_closed", "simulated_tpot_ms", "sim_error") if row[k] is not None]
+                           ("tpot_ms", "ttft_ms", "gap_closed", "gap_closed_at_speed", "simulated_tpot_ms", "sim_error")
+                           if row[k] is not None]
                 metrics += [{"metric": "bound_tpot_ms", "value": cfg["bound_tpot_ms"]},
                             {"metric": "engine_overhead_ratio", "value": result["engine_overhead"]["ratio"]}]
                 db.add_task(run_id, "bench", metrics, engine=[{"hit_rate": row["hit_rate"], "tpot_ms": row["tpot_ms"],
