@@ -333,7 +333,7 @@ def test_a_prediction_costs_what_the_driver_spends_on_it_not_a_difference_of_two
     (the last one predicts the next token's first)."""
     from evalsuite.perf import costs as costs_module
 
-    def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand 10 ms a step, gate 2 ms more
+    def warm(model, ids, tokens, mode, predictor, artifact, clocked=False):  # on-demand 10 ms a step, gate 2 more
         return costs_module.Warm(0.010, per_use_s=1e-4) if predictor is None else costs_module.Warm(0.012, 1e-4, 3e-4)
 
     monkeypatch.setattr(costs_module, "_warm_tpot", warm)
@@ -354,7 +354,7 @@ def test_the_bookkeeping_per_use_is_the_experts_clocked_time_at_one_machine_spee
     assert costs_module._per_use_overhead(warm(0.5, per_use_s=2.2e-3, attention_s=2e-3), 1e-3, 1e-3) == \
         pytest.approx(0.1e-3)  # at half speed: 1.1 ms a use at the resident run's
     assert costs_module._per_use_overhead(warm(0.5, per_use_s=1.2e-3), 1e-3, None) == pytest.approx(0.2e-3)  # no probe
-    monkeypatch.setattr(costs_module, "_warm_tpot", lambda *args: warm(1.0, per_use_s=0.0))
+    monkeypatch.setattr(costs_module, "_warm_tpot", lambda *args, **kwargs: warm(1.0, per_use_s=0.0))
     model = copy.deepcopy(reference_model("qwen3_moe"))
     ids = torch.randint(3, 128, (1, 8), generator=torch.Generator().manual_seed(0))
     costs, _, _ = costs_module.measure_costs(model, ids, 4, 1)
@@ -366,7 +366,7 @@ def test_the_cost_of_starting_a_copy_is_measured_against_warm_on_demand_whatever
     minus another case's warm TPOT, such as the oracle's with its look-ahead pass, which would leave it at 0."""
     from evalsuite.perf import costs as costs_module
 
-    def warm(model, ids, tokens, mode, predictor, artifact):  # on-demand free, the oracle a second a step
+    def warm(model, ids, tokens, mode, predictor, artifact, clocked=False):  # on-demand free, the oracle 1 s a step
         return costs_module.Warm(0.0, per_use_s=0.0) if predictor is None else costs_module.Warm(1.0)
 
     monkeypatch.setattr(costs_module, "_warm_tpot", warm)
