@@ -87,6 +87,10 @@ class LayerClock:
                     self.experts_run.append(layer.top_k)
         return hook
 
+    def per_use(self) -> float:
+        """Seconds in the routed experts per expert use, over the decode steps clocked."""
+        return sum(self.experts_s) / sum(self.experts_run)
+
     def close(self):
         for h in self.hooks:
             h.remove()
@@ -163,7 +167,7 @@ def measure_costs(model, ids, tokens: int, repeats: int, predicting=(), artifact
         steps = len(clock.layer_s) // len(engine.layers)
         resident_tpot = s["tpot_ms"]["median"] / 1e3
         dense.append((sum(clock.layer_s) - sum(clock.experts_s)) / len(clock.layer_s))
-        expert.append(sum(clock.experts_s) / sum(clock.experts_run))
+        expert.append(clock.per_use())
         step.append(resident_tpot - sum(clock.layer_s) / steps)
         on_demand = _warm_tpot(model, ids, tokens, "on-demand", None, artifact, clocked=True)
         warm["on-demand"].append(on_demand.tpot_s)
@@ -261,7 +265,7 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact, clocked: bool = Fa
         layers, probe = LayerClock(engine), SpeedProbe(engine)
         greedy(model, ids, tokens)
         layers.close()
-        return warm._replace(per_use_s=sum(layers.experts_s) / sum(layers.experts_run), attention_s=probe.median())
+        return warm._replace(per_use_s=layers.per_use(), attention_s=probe.median())
 
 
 def handoff_seconds(device: str, repeats: int = 50) -> float:
