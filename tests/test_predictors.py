@@ -203,3 +203,30 @@ def test_calibration_measures_the_recall_of_every_predictor_it_trains():
     assert all(0 <= v <= 1 for per_layer in recall.values() for v in per_layer.values())
     only_estimator = calibrate(model, batches, predictor="estimator", hidden=8, epochs=0).meta["recall"]
     assert set(only_estimator) == {"gate", "quasi", "frequency", "estimator"}
+
+
+def test_the_estimator_runs_the_gelu_its_artifact_was_trained_with():
+    """New calibrations train the estimators with the tanh GELU and say so; an artifact that names no form was
+    trained with the exact one and is still scored with it; an unknown form is refused with what to do."""
+    model = reference_model("qwen3_moe")
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    batches = [(torch.randint(3, 128, (2, 12)), torch.ones(2, 12, dtype=torch.long))]
+    art = calibrate(model, batches, predictor="estimator", hidden=8, epochs=1)
+    assert art.meta["estimator_gelu"] == "tanh"
+    hidden = layers[0].router.weight.shape[1]
+    g = torch.Generator().manual_seed(0)
+    state = LayerState(0, torch.randn(3, hidden, generator=g), torch.randn(3, hidden, generator=g) * 4,
+                       torch.randint(0, layers[0].num_experts, (3, 2), generator=g), torch.rand(3, 2, generator=g))
+    w1, b1, w2, b2 = art.estimator(layers[0].index)
+
+    def by_hand(form):
+        q = build_predictor("quasi", layers, family, art).quasi_state(state).float()
+        return torch.nn.functional.linear(torch.nn.functional.gelu(q @ w1.T + b1, approximate=form), w2, b2)
+
+    older = Artifact(art.tensors, {k: v for k, v in art.meta.items() if k != "estimator_gelu"})
+    with torch.no_grad():
+        new, old = (build_predictor("estimator", layers, family, a).scores(state, 1) for a in (art, older))
+        assert torch.allclose(new, by_hand("tanh"), atol=1e-6) and torch.allclose(old, by_hand("none"), atol=1e-6)
+        assert not torch.allclose(by_hand("tanh"), by_hand("none"), atol=1e-6)  # the two forms differ here
+    with pytest.raises(ArtifactError, match="unknown estimator GELU 'sigmoid'.*evalsuite calibrate"):
+        build_predictor("estimator", layers, family, Artifact(art.tensors, {**art.meta, "estimator_gelu": "sigmoid"}))

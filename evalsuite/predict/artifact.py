@@ -49,6 +49,15 @@ class Artifact:
     def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
         return tuple(self._get(f"estimator.{layer}.{p}") for p in ("w1", "b1", "w2", "b2"))
 
+    def estimator_gelu(self) -> str:
+        """The GELU form the estimators were trained with (F.gelu's `approximate`): an artifact that names
+        none predates the choice and was trained with the exact form."""
+        form = self.meta.get("estimator_gelu", "none")
+        if form not in ("none", "tanh"):
+            raise ArtifactError(f"the predictor artifact names an unknown estimator GELU {form!r}; recreate it "
+                                "with evalsuite calibrate")
+        return form
+
     def check(self, layers, parts, horizon: int = 1) -> None:
         """Every tensor `parts` need for these sparse layers is present, with the model's shapes."""
         hidden = layers[0].router.weight.shape[1]

@@ -122,13 +122,17 @@ class QuasiPredictor(Predictor):
 
 class EstimatorPredictor(QuasiPredictor):
     """Speculating Experts' lightweight estimator (arXiv:2603.19289): a small feed-forward net from q to
-    layer p+1's logits."""
+    layer p+1's logits, with the GELU form it was trained with (Artifact.estimator_gelu)."""
 
     name, parts = "estimator", ("default_vectors", "estimator")
 
+    def __init__(self, layers, family, artifact=None):
+        super().__init__(layers, family, artifact)
+        self.gelu = artifact.estimator_gelu() if artifact is not None else None
+
     def scores(self, state, h):
         w1, b1, w2, b2 = self.artifact.estimator(self.layers[state.pos].index)
-        hidden = F.gelu(F.linear(_float(self.quasi_state(state)), w1, b1))
+        hidden = F.gelu(F.linear(_float(self.quasi_state(state)), w1, b1), approximate=self.gelu)
         return self._from_logits(state.pos + 1, F.linear(hidden, w2, b2))
 
 
