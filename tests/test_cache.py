@@ -1,4 +1,6 @@
 """Eviction policies, pinning and capacity parsing of the device expert cache."""
+import os
+
 import pytest
 import torch
 
@@ -74,3 +76,17 @@ def test_capacity_forms(spec, expected):
 def test_bad_capacity_is_rejected(spec):
     with pytest.raises(ValueError, match="cache_capacity"):
         capacity_in_experts(spec, total_experts=64, expert_bytes=128)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_a_host_cache_backs_its_slots_when_built():
+    """A fetch into a slot must not pay the slot's first-touch page faults (a device cache never does): the
+    slots' memory is resident once the cache is built, before any copy."""
+    before = _resident_bytes()
+    cache = ExpertCache([0, 1], 16, numel=2**20, dtype=torch.float32, device="cpu")  # 64 MiB
+    assert _resident_bytes() - before >= 0.9 * cache.slots.numel() * 4

@@ -1,5 +1,6 @@
 """Models larger than the device: built without their experts, offloaded to any device, exact."""
 import copy
+import math
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 from evalsuite.engine import arch
 from evalsuite.engine import cache as cache_module
 from evalsuite.engine import load_offloaded, load_skeleton, offload
-from evalsuite.engine.store import Checkpoint, HostStore
+from evalsuite.engine.store import Checkpoint, ExpertLayout, HostStore, read_expert, read_expert_into
 from evalsuite.generate import load_model
 from .helpers import batch, reference_model
 
@@ -161,3 +162,32 @@ def test_a_checkpoint_with_fused_experts_is_read_one_expert_at_a_time():
         got = skeleton.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     want = whole.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_a_disk_fetch_reads_each_tensor_straight_into_the_expert_buffer(saved, model_type, monkeypatch):
+    """One read per tensor, into its place in the flat buffer, where the checkpoint holds the model's dtype
+    (no tensor of its own is made to be joined and packed); in another dtype, converted on the way; a
+    checkpoint whose tensors do not fit the model's shapes is refused in one line."""
+    skeleton = load_skeleton(saved[model_type], dtype=torch.float32)
+    layer, family = arch.sparse_layers(skeleton)[1], arch.family_of(skeleton)
+    layout = ExpertLayout.of(reference_model(model_type).model.layers[layer.index].mlp.experts)
+    wanted = torch.empty(layout.numel)
+    layout.pack(read_expert(Checkpoint(saved[model_type], torch.float32), family, layer.experts_path, 3), wanted)
+    gate_up = reference_model(model_type).model.layers[layer.index].mlp.experts.gate_up_proj[3]
+    assert layout.fields[0][0] == "gate_up_proj" and torch.equal(wanted[:gate_up.numel()], gate_up.reshape(-1))
+    checkpoint = Checkpoint(saved[model_type], torch.float32)
+    monkeypatch.setattr(Checkpoint, "tensor", lambda *a, **k: pytest.fail("read through a tensor of its own"))
+    flat = torch.full((layout.numel,), float("nan"))
+    read_expert_into(checkpoint, family, layer.experts_path, 3, layout, flat)
+    assert torch.equal(flat, wanted)
+    monkeypatch.undo()
+    half = torch.empty(layout.numel, dtype=torch.bfloat16)
+    read_expert_into(Checkpoint(saved[model_type], torch.bfloat16), family, layer.experts_path, 3,
+                     ExpertLayout(layout.fields, layout.numel, torch.bfloat16), half)
+    assert torch.equal(half, wanted.to(torch.bfloat16))
+    name, shape, offset = layout.fields[-1]
+    narrow = ExpertLayout(layout.fields[:-1] + ((name, (shape[0] + 1, *shape[1:]), offset),),
+                          layout.numel + math.prod(shape[1:]), torch.float32)
+    with pytest.raises(ValueError, match="does not match config.json"):
+        read_expert_into(checkpoint, family, layer.experts_path, 3, narrow, torch.empty(narrow.numel))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .store import read_expert
+
 
 def expert_params(layers, layout) -> list[torch.Tensor]:
     return [getattr(layer.experts, name) for layer in layers for name, _, _ in layout.fields]
@@ -68,7 +70,7 @@ def load_experts(layers, layout, family, checkpoint, device: torch.device) -> No
         fused = {name: torch.empty(layer.num_experts, *shape, dtype=layout.dtype, device=device)
                  for name, shape, _ in layout.fields}
         for e in range(layer.num_experts):
-            for name, t in family.read_expert(checkpoint, layer.experts_path, e).items():
+            for name, t in read_expert(checkpoint, family, layer.experts_path, e).items():
                 fused[name][e].copy_(t)
         for name, t in fused.items():
             setattr(layer.experts, name, torch.nn.Parameter(t, requires_grad=False))

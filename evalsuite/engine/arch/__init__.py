@@ -7,8 +7,11 @@ Each family module defines:
                  arbitrary expert set `ids` (speculative execution needs this)
   selection_scores(router, logits) -> [T, E] scores whose top-k is the router's choice
                  (predictors rank experts with it)
-  read_expert(read, experts_path, expert) -> {param name: tensor} for one expert, read
-                 from a checkpoint through `read(key)` (the disk tier needs this)
+  expert_sources(read, experts_path, expert) -> {param name: ((checkpoint key, index), ...)}
+                 where one expert's tensors are in a checkpoint (`read.has(key)` tells which
+                 keys it holds): each param is its sources one after another along the first
+                 dimension, `index` the expert's slice of a stacked tensor or None (the disk
+                 tier reads them straight into the expert's flat buffer: store.read_expert_into)
 Everything else (finding the sparse layers, the fused weight layout) is read off the model.
 """
 from __future__ import annotations

@@ -34,6 +34,6 @@ def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.dtype == torch.float32 else logits.float()
 
 
-def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
-    gate, up, down = (read(f"{experts_path}.{expert}.{w}.weight") for w in ("gate_proj", "up_proj", "down_proj"))
-    return {"gate_up_proj": torch.cat([gate, up], dim=0), "down_proj": down}
+def expert_sources(read, experts_path: str, expert: int) -> dict[str, tuple]:
+    gate, up, down = (f"{experts_path}.{expert}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj"))
+    return {"gate_up_proj": ((gate, None), (up, None)), "down_proj": ((down, None),)}

@@ -22,5 +22,5 @@ def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.dtype == torch.float32 else logits.float()
 
 
-def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
-    return {name: read(f"{experts_path}.{name}", index=expert) for name in _PARAMS}
+def expert_sources(read, experts_path: str, expert: int) -> dict[str, tuple]:
+    return {name: ((f"{experts_path}.{name}", expert),) for name in _PARAMS}

@@ -26,15 +26,15 @@ def selection_scores(router, logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.dtype == torch.float32 else logits.float()
 
 
-def read_expert(read, experts_path: str, expert: int) -> dict[str, torch.Tensor]:
+def expert_sources(read, experts_path: str, expert: int) -> dict[str, tuple]:
     if read.has(f"{experts_path}.gate_up_proj"):  # fused, as the model holds it (Qwen3-VL-MoE checkpoints)
-        return {name: read(f"{experts_path}.{name}", index=expert) for name in ("gate_up_proj", "down_proj")}
+        return {name: ((f"{experts_path}.{name}", expert),) for name in ("gate_up_proj", "down_proj")}
     if experts_path.endswith(".mlp.experts") and _is_mixtral_key(read, experts_path):
         prefix = experts_path.replace(".mlp.experts", ".block_sparse_moe.experts")
-        gate, up, down = (read(f"{prefix}.{expert}.{w}.weight") for w in ("w1", "w3", "w2"))
+        gate, up, down = (f"{prefix}.{expert}.{w}.weight" for w in ("w1", "w3", "w2"))
     else:
-        gate, up, down = (read(f"{experts_path}.{expert}.{w}.weight") for w in ("gate_proj", "up_proj", "down_proj"))
-    return {"gate_up_proj": torch.cat([gate, up], dim=0), "down_proj": down}
+        gate, up, down = (f"{experts_path}.{expert}.{w}.weight" for w in ("gate_proj", "up_proj", "down_proj"))
+    return {"gate_up_proj": ((gate, None), (up, None)), "down_proj": ((down, None),)}
 
 
 def _is_mixtral_key(read, experts_path: str) -> bool:
