@@ -430,3 +430,28 @@ def test_the_link_a_replay_reads_is_timed_by_the_engine_not_taken_from_its_figur
     else:
         assert transfer_s == pytest.approx(nominal, rel=1e-9)
     assert 0 < prefetch_s < nominal
+
+
+def test_the_speed_probe_times_only_attention_with_no_wait_since_the_last():
+    """The work right after a wait for a copy runs slower on a CPU whatever its speed: an attention that follows a
+    wait (the engine's total stall moved by AFTER_WAIT_S or more since the attention before) is not timed, one
+    after a wait for a copy already landed (microseconds) is; a prefill's is never."""
+    from types import SimpleNamespace
+
+    from evalsuite.perf.costs import SpeedProbe
+
+    attentions = [torch.nn.Identity() for _ in range(3)]
+    engine = SimpleNamespace(device=torch.device("cpu"), stalled_s=0.0, forward=SimpleNamespace(decoding=False),
+                             layers=[SimpleNamespace(decoder_layer=SimpleNamespace(self_attn=a)) for a in attentions])
+    probe = SpeedProbe(engine)
+    x = torch.zeros(1)
+    for a in attentions:  # a prefill that waited before each layer
+        engine.stalled_s += 1.0
+        a(x)
+    engine.forward.decoding = True
+    waits = [True, False, False, True, False, True]  # before each decode attention, 2 steps of 3 layers
+    for a, wait in zip(attentions * 2, waits):
+        engine.stalled_s += 1.0 if wait else 2e-6
+        a(x)
+    assert len(probe.seconds) == waits.count(False) == 3
+    assert probe.median() is not None and not attentions[0]._forward_hooks  # median() removes the hooks

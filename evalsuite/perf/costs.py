@@ -20,10 +20,16 @@ from .simulate import Costs
 class SpeedProbe:
     """Median decode-step time of the sparse layers' attention: work no mode changes, so its time
     tells how fast this machine ran during one generation (on CPU; its speed here drifts by up to
-    2x within seconds, and slows after idle waits on a slow link)."""
+    2x within seconds). Only an attention with less than AFTER_WAIT_S of waiting for copies since the one
+    before is timed: the work right after a wait runs up to 3x slower here whatever the machine's speed
+    (bench/after_wait.py), and attention follows the previous layer's waits, so timing those would read a
+    run that waits often as a slow machine. (A wait for a copy that has landed takes microseconds.)"""
+
+    AFTER_WAIT_S = 1e-4
 
     def __init__(self, engine):
         self.engine, self.seconds, self.hooks, self._t = engine, [], [], 0.0
+        self._stall = self._stall_at_stop = 0.0  # the engine's total wait at this attention's start, at the last's end
         if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
             return
         for layer in engine.layers:
@@ -33,11 +39,14 @@ class SpeedProbe:
                                attention.register_forward_hook(self._stop)]
 
     def _start(self, module, args):
+        self._stall = getattr(self.engine, "stalled_s", 0.0)
         self._t = time.perf_counter()
 
     def _stop(self, module, args, output):
-        if self.engine.forward.decoding:
-            self.seconds.append(time.perf_counter() - self._t)
+        seconds = time.perf_counter() - self._t
+        if self.engine.forward.decoding and self._stall - self._stall_at_stop < self.AFTER_WAIT_S:
+            self.seconds.append(seconds)
+        self._stall_at_stop = getattr(self.engine, "stalled_s", 0.0)
 
     def median(self) -> float | None:
         for h in self.hooks:
