@@ -29,7 +29,8 @@ class SpeedProbe:
 
     def __init__(self, engine):
         self.engine, self.seconds, self.hooks, self._t = engine, [], [], 0.0
-        self._stall = self._stall_at_stop = 0.0  # the engine's total wait at this attention's start, at the last's end
+        # the engine's total wait at this attention's start, and at the last one's end (at first: now)
+        self._stall = self._stall_at_stop = getattr(engine, "stalled_s", 0.0)
         if engine.device.type != "cpu":  # timing CUDA kernels would need a sync that breaks overlap
             return
         for layer in engine.layers:
