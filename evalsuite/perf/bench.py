@@ -30,7 +30,7 @@ from ..engine import offload
 from ..engine.modes import MODES
 from ..table import Column, format_table
 from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
-from .decode import greedy, load_bench_model, unloaded, whole
+from .decode import bench_store, greedy, load_bench_model, whole
 from .profiles import case_label
 from .simulate import PERFECT_PREFETCH, Costs, gap_closed, overlap_bound, simulate
 
@@ -89,10 +89,7 @@ def _artifact(case: Case, artifact, trace):
 
 
 def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None) -> dict:
-    # a model built without its experts (real shapes) reads them from its checkpoint, as the cost runs do: a
-    # host store would read all of them into memory first (9.6 GB for 8 layers of Qwen3-30B-A3B, 15 s an engine)
-    store = "disk" if unloaded(model) else "host"
-    options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True, store=store)
+    options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True, store=bench_store(model))
     if case.predictor is not None:
         options.update(predictor=case.predictor, artifact=_artifact(case, artifact, trace))
     if not MODES[case.mode].offloads:  # no cache, no link

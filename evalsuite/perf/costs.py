@@ -13,7 +13,7 @@ import torch
 from ..engine import offload
 from ..engine.arch import sparse_layers
 from ..engine.modes import MODES
-from .decode import greedy, unloaded
+from .decode import bench_store, greedy
 from .simulate import Costs
 
 
@@ -252,8 +252,7 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact, clocked: bool = Fa
     """A warm engine whose cache holds every expert, over one request (Warm); `clocked`: and over one more, its
     routed experts layer-clocked (per_use_s, attention_s), apart from the timed one, whose TPOT the clocks' hooks
     (a synchronisation each on CUDA) would otherwise raise."""
-    # a model without its experts reads them from its checkpoint: the cache then holds the only copy
-    store = "disk" if unloaded(model) else "host"
+    store = bench_store(model)  # a model without its experts: the cache then holds the only copy
     # window=False: every prediction is made when the engine meets it. With the scheduler's window, a cache
     # that already holds every expert leaves most of them for after the request (no prefetch could pay), and the
     # difference to on-demand would time those put off, not the predictions the replay and the simulator charge
