@@ -209,7 +209,7 @@ class Checkpoint:
         """The tensor as stored (its own dtype)."""
         file, offset, dtype, shape = self._locate(name, index)
         out = torch.empty(shape, dtype=dtype)
-        self._read_into(file, offset, memoryview(out.reshape(-1).view(torch.uint8).numpy()))
+        self._read_bytes(file, offset, out)
         return out
 
     def read_into(self, name: str, index: int | None, out: torch.Tensor) -> int:
@@ -221,7 +221,7 @@ class Checkpoint:
             raise ValueError(f"checkpoint {self.path}: tensor {name!r} has shape {shape}, which does not fit the "
                              f"model's {list(out.shape)}: it does not match config.json")
         if dtype == out.dtype:
-            self._read_into(file, offset, memoryview(out[:rows].reshape(-1).view(torch.uint8).numpy()))
+            self._read_bytes(file, offset, out[:rows])
         else:
             out[:rows].copy_(self(name, index))
         return rows
@@ -230,7 +230,9 @@ class Checkpoint:
         t = self.tensor(name, index)
         return t if self.dtype is None else t.to(self.dtype)
 
-    def _read_into(self, file: str, offset: int, buffer: memoryview) -> None:
+    def _read_bytes(self, file: str, offset: int, out: torch.Tensor) -> None:
+        """`out`'s bytes from `file` at `offset` (`out` contiguous, on the CPU)."""
+        buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy())
         if file not in self.fds:
             self.fds[file] = os.open(file, os.O_RDONLY)
         done = 0
