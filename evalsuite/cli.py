@@ -138,6 +138,10 @@ def cmd_calibrate(args) -> int:
         mean = sum(per_layer.values()) / len(per_layer) if per_layer else float("nan")
         layers = " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items())
         print(f"  recall@K {name:<{width}} mean={mean:.3f} {layers}")
+    if meta.get("next_token_recall"):
+        first = meta["layers"][0]
+        print(f"recall@K of the next token's first sparse layer (L{first}), predicted at this token's last: "
+              + " ".join(f"{name}={value:.3f}" for name, value in meta["next_token_recall"].items()))
     for name, loss in meta["final_loss"].items():
         print(f"  final KL {name}: {loss:.4f}")
     return 0

@@ -8,7 +8,7 @@ import evalsuite
 from evalsuite.engine import arch
 from evalsuite.engine.scheduler import PrefetchScheduler, ranked
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
-from evalsuite.predict.calibrate import calibrate
+from evalsuite.predict.calibrate import calibrate, collect, next_token_pairs
 from evalsuite.predict.predictors import fused_norm
 from evalsuite.zoo.tiny import TINY
 from evalsuite.engine.prediction import LayerState
@@ -21,7 +21,8 @@ def test_adapter_parameters_are_r_times_d_plus_e():
     rank = 4
     art = artifact_for("qwen3_moe")  # hidden 64, 8 experts, horizons 1 and 2
     adapters = {k.rsplit(".", 1)[0] for k in art.tensors if k.startswith("adapter.")}
-    assert adapters == {"adapter.0.1", "adapter.0.2", "adapter.1.1"}
+    # one per (anchor layer, horizon), and the next token's first sparse layer from this token's last
+    assert adapters == {"adapter.0.1", "adapter.0.2", "adapter.1.1", "adapter.next_token"}
     for name in adapters:
         count = art.tensors[f"{name}.A"].numel() + art.tensors[f"{name}.B"].numel()
         assert count == rank * (64 + 8)
@@ -230,3 +231,62 @@ def test_the_estimator_runs_the_gelu_its_artifact_was_trained_with():
         assert not torch.allclose(by_hand("tanh"), by_hand("none"), atol=1e-6)  # the two forms differ here
     with pytest.raises(ArtifactError, match="unknown estimator GELU 'sigmoid'.*evalsuite calibrate"):
         build_predictor("estimator", layers, family, Artifact(art.tensors, {**art.meta, "estimator_gelu": "sigmoid"}))
+
+
+def test_next_token_pairs_never_cross_a_row_or_its_padding():
+    """The next token's first sparse layer is fitted on (this token's last router input, the next token's first
+    routing) within a row: padded rows of a batch give len − 1 pairs each, and each pair's target is what the
+    first sparse layer routed for the token after it, as a run of that row alone records it."""
+    model = reference_model("qwen3_moe")
+    layers = arch.sparse_layers(model)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 128, (n,), generator=g) for n in (7, 3, 1, 5)]
+    ids, mask = torch.zeros(4, 7, dtype=torch.long), torch.zeros(4, 7, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)] = r, 1
+    x, logits, targets = next_token_pairs(collect(model, layers, [(ids, mask)]))
+    assert len(x) == len(logits) == len(targets) == 6 + 2 + 0 + 4
+    alone = [collect(model, layers, [(r[None], torch.ones(1, len(r), dtype=torch.long))]) for r in rows]
+    expected_x = torch.cat([t[-1]["x"][:-1] for t in alone]).float()
+    expected_ids = torch.cat([t[0]["ids"][1:] for t in alone])
+    assert torch.allclose(x, expected_x, atol=1e-5) and torch.equal(targets, expected_ids)
+
+
+def test_the_trained_predictors_score_the_next_token_s_first_layer_with_what_they_trained_for_it():
+    """adapter: the gate rule plus B A x; estimator (and hybrid, which has no quasi state across the token
+    boundary): its next-token net on x; an artifact without them (calibrated before there were any) keeps the
+    gate rule, and one with a part missing is refused in one line."""
+    model = reference_model("qwen3_moe")
+    layers, family = arch.sparse_layers(model), arch.family_of(model)
+    batches = [(torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+                torch.ones(2, 12, dtype=torch.long))]
+    art = calibrate(model, batches, predictor="all", rank=3, hidden=8, epochs=2)
+    assert set(art.meta["next_token_recall"]) == {"gate", "adapter", "estimator"}
+    x = torch.randn(3, layers[-1].router.weight.shape[1], generator=torch.Generator().manual_seed(2))
+    gate = build_predictor("gate", layers, family).next_token_scores(x)
+    a, b = art.next_token_adapter()
+    w1, b1, w2, b2 = art.next_token_estimator()
+    router = layers[0].router
+    by_hand = {"adapter": x @ router.weight.T + (x @ a.T) @ b.T,
+               "estimator": torch.nn.functional.gelu(x @ w1.T + b1, approximate="tanh") @ w2.T + b2}
+    older = Artifact({k: v for k, v in art.tensors.items() if ".next_token." not in k}, art.meta)
+    with torch.no_grad():
+        for name in ("adapter", "estimator", "hybrid"):
+            scores = build_predictor(name, layers, family, art).next_token_scores(x)
+            expected = family.selection_scores(router, by_hand["estimator" if name == "hybrid" else name])
+            assert torch.allclose(scores, expected, atol=1e-5) and not torch.allclose(scores, gate, atol=1e-5)
+            assert torch.equal(build_predictor(name, layers, family, older).next_token_scores(x), gate)
+    damaged = Artifact({k: v for k, v in art.tensors.items() if k != "estimator.next_token.b2"}, art.meta)
+    with pytest.raises(ArtifactError, match="no 'estimator.next_token.b2'.*evalsuite calibrate"):
+        build_predictor("estimator", layers, family, damaged)
+
+
+def test_an_untrained_next_token_adapter_is_the_gate_rule_and_training_beats_it():
+    model = reference_model("qwen3_moe")
+    batches = [(torch.randint(3, 128, (4, 16), generator=torch.Generator().manual_seed(3)),
+                torch.ones(4, 16, dtype=torch.long))]
+    untrained = calibrate(model, batches, predictor="adapter", rank=4, epochs=0).meta["next_token_recall"]
+    assert set(untrained) == {"gate", "adapter"} and untrained["adapter"] == untrained["gate"]  # B starts at zero
+    torch.manual_seed(0)
+    trained = calibrate(model, batches, predictor="all", rank=4, hidden=32, epochs=300, lr=1e-2)
+    assert trained.meta["next_token_recall"]["estimator"] > trained.meta["next_token_recall"]["gate"] + 0.1

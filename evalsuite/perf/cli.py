@@ -147,7 +147,8 @@ def add_commands(sub) -> None:
     b.add_argument("--layers", type=int, default=2, help="sparse layers of a real-shape random model")
     b.add_argument("--prompt-tokens", type=int, default=16,
                    help="prompt length of a random-weight model (random tokens; a trained model answers a task)")
-    b.add_argument("--calibration-epochs", type=int, default=10)
+    b.add_argument("--calibration-epochs", type=int, default=30,
+                   help="training epochs of the adapters and estimators (evalsuite calibrate's default)")
     b.add_argument("--device", default="cpu")
     b.add_argument("--threads", type=int, default=1, help="torch threads for compute")
     b.add_argument("--out", default="results/bench", help="bench.json, traces/ and profiles/ go here")

@@ -49,6 +49,21 @@ class Artifact:
     def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
         return tuple(self._get(f"estimator.{layer}.{p}") for p in ("w1", "b1", "w2", "b2"))
 
+    def next_token_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The adapter of the next token's first sparse layer on the last one's router input, if trained (an
+        artifact calibrated before there was one, or on one-token rows, has none: the gate rule serves there)."""
+        return self._optional("adapter.next_token", ("A", "B"))
+
+    def next_token_estimator(self) -> tuple[torch.Tensor, ...] | None:
+        """The estimator of the next token's first sparse layer on the last one's router input, if trained."""
+        return self._optional("estimator.next_token", ("w1", "b1", "w2", "b2"))
+
+    def _optional(self, name: str, parts) -> tuple[torch.Tensor, ...] | None:
+        present = [f"{name}.{p}" in self.tensors for p in parts]
+        if not any(present):
+            return None
+        return tuple(self._get(f"{name}.{p}") for p in parts)  # a part missing: refused, as any damage
+
     def estimator_gelu(self) -> str:
         """The GELU form the estimators were trained with (F.gelu's `approximate`): an artifact that names
         none predates the choice and was trained with the exact form."""
@@ -76,6 +91,15 @@ class Artifact:
             if pos + horizon < len(layers) and "adapter" in parts:
                 rank, target = self.meta.get("rank"), layers[pos + horizon].num_experts
                 expected.update({f"adapter.{i}.{horizon}.A": (rank, hidden), f"adapter.{i}.{horizon}.B": (target, rank)})
+        # the next token's first sparse layer, from the last one's router input, where the artifact has them
+        first, last = layers[0].num_experts, layers[-1].router.weight.shape[1]
+        if "adapter" in parts and self.next_token_adapter() is not None:
+            rank = self.meta.get("rank")
+            expected.update({"adapter.next_token.A": (rank, last), "adapter.next_token.B": (first, rank)})
+        if "estimator" in parts and self.next_token_estimator() is not None:
+            width = self.meta.get("hidden")
+            expected.update({"estimator.next_token.w1": (width, last), "estimator.next_token.b1": (width,),
+                             "estimator.next_token.w2": (first, width), "estimator.next_token.b2": (first,)})
         for name, shape in expected.items():
             if tuple(self._get(name).shape) != shape:
                 raise ArtifactError(f"predictor artifact tensor {name} has shape {tuple(self.tensors[name].shape)}, "

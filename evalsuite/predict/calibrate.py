@@ -25,22 +25,38 @@ TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "e
 
 @torch.no_grad()
 def collect(model, layers, batches) -> list[dict[str, torch.Tensor]]:
-    """Per sparse layer: router input x, residual, native logits, ids and weights of real tokens."""
+    """Per sparse layer: router input x, residual, native logits, ids and weights of real tokens, and
+    `has_next`: whether a token's row goes on to a next real token (the token after it in this order)."""
     trace = [{k: [] for k in ("x", "residual", "logits", "ids", "weights")} for _ in layers]
     keep = {}
-    hooks = []
+    hooks, has_next = [], []
     for pos, layer in enumerate(layers):
         hooks.append(layer.norm.register_forward_pre_hook(
             lambda m, args, pos=pos: trace[pos]["residual"].append(args[0].reshape(-1, args[0].shape[-1])[keep["m"]])))
         hooks.append(layer.router.register_forward_hook(lambda m, args, out, pos=pos: _record(trace[pos], args, out, keep["m"])))
     try:
         for ids, mask in batches:
-            keep["m"] = mask.reshape(-1).bool()
+            real = mask.bool()
+            keep["m"] = real.reshape(-1)
             model(input_ids=ids, attention_mask=mask)
+            # real tokens are kept in row-major order, so a token followed by a real one in its row has it next
+            follows = torch.zeros_like(real)
+            follows[:, :-1] = real[:, :-1] & real[:, 1:]
+            has_next.append(follows[real])
     finally:
         for h in hooks:
             h.remove()
-    return [{k: torch.cat(v) for k, v in t.items()} for t in trace]
+    out = [{k: torch.cat(v) for k, v in t.items()} for t in trace]
+    for t in out:
+        t["has_next"] = torch.cat(has_next)
+    return out
+
+
+def next_token_pairs(trace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the next token's first sparse layer is predicted from and must match: the last sparse layer's
+    router input of every token with a next one, and that next token's first-layer logits and ids."""
+    at = trace[-1]["has_next"].nonzero().squeeze(1)
+    return trace[-1]["x"][at].float(), trace[0]["logits"][at + 1], trace[0]["ids"][at + 1]
 
 
 def _record(store, args, out, keep):
@@ -137,11 +153,22 @@ def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden
                 q, trace[pos + 1]["logits"], hidden, epochs, lr, desc=_bar("estimator", layer, layers[pos + 1]))
             for name, value in zip(("w1", "b1", "w2", "b2"), params):
                 tensors[f"estimator.{layer.index}.{name}"] = value
+    x, target, _ = next_token_pairs(trace)
+    if len(x):  # the next token's first sparse layer, from this token's last (none from one-token rows)
+        if "adapter" in TRAINED[predictor]:
+            a, b, losses["adapter.next_token"] = train_adapter(layers[0].router, x, target, rank, epochs, lr,
+                                                               desc=_bar("adapter", layers[-1], layers[0], True))
+            tensors["adapter.next_token.A"], tensors["adapter.next_token.B"] = a, b
+        if "estimator" in TRAINED[predictor]:
+            params, losses["estimator.next_token"] = train_estimator(
+                x, target, hidden, epochs, lr, desc=_bar("estimator", layers[-1], layers[0], True))
+            for name, value in zip(("w1", "b1", "w2", "b2"), params):
+                tensors[f"estimator.next_token.{name}"] = value
     return losses
 
 
-def _bar(predictor: str, layer, target) -> str:
-    return f"training {predictor} layer {layer.index}->{target.index}"
+def _bar(predictor: str, layer, target, next_token: bool = False) -> str:
+    return f"training {predictor} layer {layer.index}->{target.index}" + (" of the next token" if next_token else "")
 
 
 def recalls(layers, family, artifact, trace, predictor: str, horizon: int) -> dict[str, dict[str, float]]:
@@ -163,6 +190,20 @@ def recalls(layers, family, artifact, trace, predictor: str, horizon: int) -> di
     return out
 
 
+def next_token_recalls(layers, family, artifact, trace, predictor: str) -> dict[str, float]:
+    """Recall@K of the next token's first sparse layer, predicted at this token's last (Predictor.next_token_scores),
+    by every predictor whose prediction there the artifact serves: the gate rule, and the adapter and estimator it
+    trained for it (on the tokens they were fitted to). Empty where no calibration row has two tokens."""
+    x, _, ids = next_token_pairs(trace)
+    if not len(x):
+        return {}
+    served = {"gate": GatePredictor, **{name: kind for name, kind in (("adapter", AdapterPredictor),
+                                                                      ("estimator", EstimatorPredictor))
+                                        if name in TRAINED[predictor]}}
+    with torch.no_grad():
+        return {name: recall(kind(layers, family, artifact).next_token_scores(x), ids) for name, kind in served.items()}
+
+
 def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: int = 1, hidden: int = 64,
               epochs: int = 30, lr: float = 1e-3) -> Artifact:
     """Everything the predictors need, from the model's own routing on `batches` of (ids, mask)."""
@@ -180,7 +221,8 @@ def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: i
     meta.update(fingerprint=fingerprint(model, layers), model=model.config._name_or_path or model.config.model_type,
                 model_type=arch.model_type(model), predictor=predictor, rank=rank, horizon=horizon, hidden=hidden,
                 layers=[l.index for l in layers], tokens=int(trace[0]["x"].shape[0]), final_loss=losses,
-                recall=recalls(layers, family, artifact, trace, predictor, horizon))
+                recall=recalls(layers, family, artifact, trace, predictor, horizon),
+                next_token_recall=next_token_recalls(layers, family, artifact, trace, predictor))
     return artifact
 
 

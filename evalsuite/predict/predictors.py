@@ -135,6 +135,16 @@ class EstimatorPredictor(QuasiPredictor):
         hidden = F.gelu(F.linear(_float(self.quasi_state(state)), w1, b1), approximate=self.gelu)
         return self._from_logits(state.pos + 1, F.linear(hidden, w2, b2))
 
+    def next_token_scores(self, x):
+        """The next token's first sparse layer: its estimator on the last sparse layer's router input `x` (no
+        quasi state reaches across the token boundary), or the gate rule where the artifact has none."""
+        trained = self.artifact.next_token_estimator() if self.artifact is not None else None
+        if trained is None:
+            return super().next_token_scores(x)
+        w1, b1, w2, b2 = trained
+        hidden = F.gelu(F.linear(_float(x), w1, b1), approximate=self.gelu)
+        return self._from_logits(0, F.linear(hidden, w2, b2))
+
 
 class AdapterPredictor(Predictor):
     """SpecPrefetch (arXiv:2607.24787): logits = (W_gate^{p+h} + B A) x_p, one low-rank adapter per (layer, horizon)."""
@@ -146,6 +156,15 @@ class AdapterPredictor(Predictor):
         a, b = self.artifact.adapter(self.layers[state.pos].index, h)
         logits = router_logits(self.layers[target].router, state.x) + F.linear(F.linear(_float(state.x), a), b)
         return self._from_logits(target, logits)
+
+    def next_token_scores(self, x):
+        """The next token's first sparse layer: the gate rule across the token boundary plus the adapter trained
+        for it (B A x), or the gate rule alone where the artifact has none."""
+        trained = self.artifact.next_token_adapter() if self.artifact is not None else None
+        if trained is None:
+            return super().next_token_scores(x)
+        a, b = trained
+        return self._from_logits(0, router_logits(self.layers[0].router, x) + F.linear(F.linear(_float(x), a), b))
 
 
 class FrequencyPredictor(Predictor):
@@ -287,6 +306,9 @@ class HybridPredictor(QuasiPredictor):
         if self.layers[state.pos + 1].index in self.drift_layers:
             return self.estimator.scores(state, h)
         return super().scores(state, h)
+
+    def next_token_scores(self, x):
+        return self.estimator.next_token_scores(x)  # (the quasi state does not reach across the token boundary)
 
 
 PREDICTORS = {p.name: p for p in (GatePredictor, QuasiPredictor, EstimatorPredictor, AdapterPredictor,
