@@ -33,13 +33,18 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", store: st
         if model_type not in TINY:
             raise ValueError(f"unknown tiny model {model_type!r}: use one of {', '.join(TINY)}")
         return tiny_model(model_type, dtype=torch_dtype).to(device), None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
+    from .zoo.tiny import VISION_LANGUAGE
+
+    # a vision-language model loads as one (its text runs without images), not as a causal LM, which refuses it
+    vision = AutoConfig.from_pretrained(spec).model_type in VISION_LANGUAGE
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     if store == "disk" and os.path.isdir(spec):
         from .engine.loading import load_skeleton
 
-        return load_skeleton(spec, torch_dtype, device), AutoTokenizer.from_pretrained(spec)
-    model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype).to(device).eval()
+        return load_skeleton(spec, torch_dtype, device, auto), AutoTokenizer.from_pretrained(spec)
+    model = auto.from_pretrained(spec, dtype=torch_dtype).to(device).eval()
     model.set_experts_implementation("eager")  # the kernel the engine reproduces bit for bit
     return model, AutoTokenizer.from_pretrained(spec)
 

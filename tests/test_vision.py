@@ -58,3 +58,23 @@ def test_text_only_models_report_no_token_kinds():
     with evalsuite.offload(model, cache_capacity=4) as engine, torch.no_grad():
         model(input_ids=torch.randint(3, 100, (1, 6)))
         assert engine.stats()["by_token_kind"] is None
+
+
+def test_a_vision_language_model_directory_loads_for_the_text_commands(tmp_path):
+    """generate, calibrate and bench load a model directory through load_model: a vision-language one loads as
+    one (a causal-LM class refuses its config), from memory or without its experts (store=disk), and is
+    calibrated on text."""
+    from evalsuite.generate import load_model
+    from evalsuite.predict.calibrate import calibrate
+
+    reference_model("qwen3_vl_moe").save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path))
+    skeleton, _ = load_model(str(tmp_path), store="disk")
+    assert type(model).__name__ == type(skeleton).__name__ == "Qwen3VLMoeForConditionalGeneration"
+    ids = torch.randint(3, 140, (2, 9), generator=torch.Generator().manual_seed(0))
+    artifact = calibrate(model, [(ids, torch.ones_like(ids))], predictor="estimator", hidden=8, epochs=1)
+    assert set(artifact.meta["next_token_recall"]) == {"gate", "estimator"}
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        with evalsuite.offload(skeleton, mode="on-demand", store="disk", cache_capacity=3):
+            assert torch.equal(skeleton(input_ids=ids).logits, expected)
