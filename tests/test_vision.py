@@ -53,6 +53,58 @@ def test_hit_rate_and_recall_are_split_by_token_kind(model_type):
         assert 0 <= kinds[kind]["hit_rate"] <= 1 and 0 <= kinds[kind][f"recall@{top_k}"] <= 1
 
 
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_vision_language_model_puts_predictions_off_and_still_counts_recall_by_kind(monkeypatch, quiet):
+    """Recall by token kind no longer makes every decode prediction online (which cost tiny-qwen3-vl-moe 1.0-1.4 ms
+    a 6 ms token on the SD card): one put off, or a whole quiet token's, is counted by kind when its request ends,
+    with its forward pass's kinds, and the recalls equal those of the same run with every prediction made online."""
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    reference = reference_model("qwen3_vl_moe")
+    inputs = image_inputs()
+
+    def run(online: bool):
+        with monkeypatch.context() as patched:
+            patched.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: online)
+            patched.setattr(PrefetchScheduler, "put_off_all", lambda self: quiet and not online)
+            model = copy.deepcopy(reference)
+            with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=4,
+                                   link="ufs4") as engine, torch.no_grad():
+                model.generate(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0)
+                return engine.stats()["by_token_kind"], engine.driver
+
+    (put_off, driver), (online, _) = run(False), run(True)
+    assert driver.put_off > 0 and (driver.quiet_tokens > 0) == quiet
+    top_k = reference.config.text_config.num_experts_per_tok
+    recall = f"recall@{top_k}"  # (hit rates differ: only online predictions send prefetches)
+    assert {kind: put_off[kind][recall] for kind in put_off} == {kind: online[kind][recall] for kind in online}
+    assert 0 < put_off["text"][recall] < 1
+
+
+def test_a_text_only_pass_is_counted_by_kind_as_the_masks_count_it():
+    """A pass whose every token is text (each decode step) is counted without the masks' tensor calls: the same
+    hits, uses and recall as through the masks; a pass with an image token or padding goes through the masks."""
+    from evalsuite.engine.metrics import KindCounts
+    from evalsuite.engine.token_kinds import TokenKinds
+
+    image_ids = torch.tensor([IMAGE])
+    text_only = TokenKinds.of(image_ids, torch.tensor([[5], [7], [9]]), torch.ones(3, 4, dtype=torch.long))
+    assert text_only.all_text
+    assert not TokenKinds.of(image_ids, torch.tensor([[5, IMAGE]]), None).all_text
+    assert not TokenKinds.of(image_ids, torch.tensor([[5], [7]]), torch.tensor([[1, 1], [1, 0]])).all_text
+    masked = TokenKinds(text_only.image, text_only.text)  # the same positions, counted through the masks
+    g = torch.Generator().manual_seed(0)
+    fast, slow = KindCounts(), KindCounts()
+    for layer in range(3):
+        top_k = torch.randint(0, 8, (3, 2), generator=g)
+        hit_of = {e: bool(torch.rand(1, generator=g) < 0.5) for e in range(8)}
+        per_token = torch.rand(3, generator=g)
+        for kinds, counts in ((text_only, fast), (masked, slow)):
+            kinds.count_hits(counts, top_k, hit_of)
+            kinds.count_recall(counts, 2, layer, per_token)
+    assert fast.hits == slow.hits and fast.recall == slow.recall and fast.hits["text"][1] == 3 * 2 * 3
+
+
 def test_text_only_models_report_no_token_kinds():
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with evalsuite.offload(model, cache_capacity=4) as engine, torch.no_grad():

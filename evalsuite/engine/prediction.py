@@ -103,7 +103,7 @@ class PredictionDriver:
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
         self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
-        self.current: dict = {}  # layer -> [(prediction, native ids, rows)] per decode step of the running request
+        self.current: dict = {}  # layer -> [(prediction, native ids, rows, token kinds)] per decode step of the request
         self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
         self.put_off = 0  # predictions left for after their request (Later)
         self.quiet: QuietToken | None = None  # the running decode token, where none of its predictions is asked for
@@ -203,10 +203,11 @@ class PredictionDriver:
                 scheduler.layer_started(pos, False)
         replaced = None
         if predicted is not None:
-            # recall@k over decode tokens (scored once the request ends); by token kind over prefill too
+            # recall@k over decode tokens (scored once the request ends); by token kind over prefill too, a
+            # prediction put off (a Later) when its request ends, with the kinds of its forward pass kept here
             if decoding:
-                self.current.setdefault(layer, []).append((predicted, ids, self.rows))
-            if forward.kinds is not None:
+                self.current.setdefault(layer, []).append((predicted, ids, self.rows, forward.kinds))
+            if forward.kinds is not None and type(predicted) is tuple:
                 for k in self.recall_ks:
                     forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
             if self.speculating and self.speculates(pos):
@@ -232,9 +233,9 @@ class PredictionDriver:
         residual = self.residual.get(pos)
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
         # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
-        # not execute it, a cache that does not read it (may_wait), and no count by token kind. It is put off when
-        # the scheduler finds that no prefetch for it could pay for making it now, on this link (Later).
-        if (self.may_wait and decoding and forward.kinds is None
+        # not execute it, and a cache that does not read it (may_wait). It is put off when the scheduler finds that
+        # no prefetch for it could pay for making it now, on this link (Later).
+        if (self.may_wait and decoding
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
             later = Later(score, reads, engine.budget, pos, x, residual, ids, weights)
@@ -254,12 +255,12 @@ class PredictionDriver:
         nothing of the last token's prediction is in flight or still to score here (made online). Its layers then
         only keep their inputs; its recall, precision and trace are made from them when the request ends."""
         engine, first = self.engine, self.pending.get(0)
-        if (type(first) is tuple or self.rows is not None or engine.forward.kinds is not None or engine.unsettled
+        if (type(first) is tuple or self.rows is not None or engine.unsettled
                 or not self.scheduler.put_off_all()):
             return False
         self.predictor.on_token(True)
         self.pending, self.deferred = {}, None
-        quiet = self.quiet = QuietToken(self, first)
+        quiet = self.quiet = QuietToken(self, first, engine.forward.kinds)
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
         quiet.keep(x, self.residual.get(0), ids, weights)
@@ -357,37 +358,41 @@ class PredictionDriver:
         """Close the running request: each of its rows becomes one sample in the engine's record, with
         its recall@k per layer averaged over its decode steps (scored here, once, not per step).
         Predictions left for later are made now, and the scheduler learns from them."""
-        recall = self.engine.record.recall
+        record = self.engine.record
         for k in self.recall_ks:
-            recall.setdefault(k, {})
+            record.recall.setdefault(k, {})
         for layer, steps in self.current.items():
             made, pos = [], self.pos_of[layer]  # (scores, native ids, rows) of the steps with a prediction
             for step in steps:
                 if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
                     if len(step.inputs) <= pos:
                         continue
-                    predicted, native, rows = step.prediction_for(pos), step.ids(pos), None
+                    predicted, native, rows, kinds = step.prediction_for(pos), step.ids(pos), None, step.kinds
                 else:
-                    predicted, native, rows = step
+                    predicted, native, rows, kinds = step
                 scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
                 if scores is None:
                     continue  # the predictor had nothing for this step
-                if isinstance(predicted, Later) and self.scheduler is not None:
-                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
+                if isinstance(predicted, Later):
+                    if self.scheduler is not None:
+                        self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
+                    if kinds is not None:  # (one made online was counted by kind at its layer)
+                        for k in self.recall_ks:
+                            kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
                 made.append((scores, native, rows))
             if not made:
                 continue
             if any(rows is not None for _, _, rows in made):  # rows left the batch (keep_rows)
-                total = self.engine.record.requests[-1].rows
+                total = record.requests[-1].rows
                 for k in self.recall_ks:
-                    self.engine.record.add_recall(k, layer, recall_per_row(made, k, total))
+                    record.add_recall(k, layer, recall_per_row(made, k, total))
                 continue
             predicted = torch.stack([p for p, _, _ in made])  # [steps, rows, experts]
             native = torch.stack([n.to(predicted.device) for _, n, _ in made])  # [steps, rows, top-k]
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
                 per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
-                self.engine.record.add_recall(k, layer, per_row.tolist())
+                record.add_recall(k, layer, per_row.tolist())
         self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:

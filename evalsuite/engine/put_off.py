@@ -62,13 +62,14 @@ class QuietToken:
     the driver, (x, residual, ids, weights, their versions), appended as the token runs; `first`: the prediction
     for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what each
     position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the
-    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`)."""
+    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`). `kinds`:
+    where its forward pass's image and text tokens are (TokenKinds; None for a text model), for recall by kind."""
 
-    __slots__ = ("inputs", "first", "_driver", "_made")
+    __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
 
-    def __init__(self, driver, first: Later | None):
+    def __init__(self, driver, first: Later | None, kinds=None):
         self.inputs: list[tuple] = []
-        self.first, self._driver, self._made = first, driver, {}
+        self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
 
     def keep(self, x, residual, ids, weights) -> None:
         """Sparse layer len(inputs)'s inputs, with their version counters now (see Later)."""

@@ -22,8 +22,9 @@ class TokenKinds:
     """Which flattened positions of one forward pass hold image tokens and which text tokens
     (None: not known, the pass was given embeddings only)."""
 
-    def __init__(self, image: torch.Tensor | None, text: torch.Tensor | None):
+    def __init__(self, image: torch.Tensor | None, text: torch.Tensor | None, all_text: bool = False):
         self.image, self.text = image, text
+        self.all_text = all_text  # every position holds a text token (every decode step does): counted without masks
 
     @classmethod
     def of(cls, image_ids: torch.Tensor, input_ids, attention_mask) -> TokenKinds:
@@ -33,7 +34,10 @@ class TokenKinds:
         real = torch.ones_like(image)
         if attention_mask is not None:
             real = attention_mask[:, -input_ids.shape[1]:].bool()
-        return cls((image & real).flatten(), (~image & real).flatten())
+        text = (~image & real).flatten()
+        # one host read a pass spares the masks' tensor calls and reads at every sparse layer of a text-only pass
+        # (they cost on-demand decoding of tiny-qwen3-vl-moe ~0.5 ms of a 6 ms token)
+        return cls((image & real).flatten(), text, bool(text.all()))
 
     def masks(self, tokens: int) -> dict[str, torch.Tensor]:
         if self.image is None or self.image.numel() != tokens:
@@ -44,6 +48,11 @@ class TokenKinds:
         """Per kind: (token, routed expert) pairs whose expert was a hit at this layer."""
         masks = self.masks(top_k_index.shape[0])
         if not masks:
+            return
+        if self.all_text:  # the sums below with every token text, from one read of the routing
+            rows = top_k_index.tolist()
+            counts.add_hits("image", 0, 0)
+            counts.add_hits("text", sum(bool(hit_of.get(e)) for row in rows for e in row), top_k_index.numel())
             return
         hit = torch.zeros(int(top_k_index.max()) + 1, dtype=torch.long, device=top_k_index.device)
         for expert, was_hit in hit_of.items():
@@ -57,6 +66,9 @@ class TokenKinds:
         """Per kind: the summed per-token recall@k of a prediction, and the tokens it covers."""
         masks = self.masks(per_token.shape[0])
         if not masks:
+            return
+        if self.all_text:  # (no image token: the image kind gets nothing, as below)
+            counts.add_recall(k, "text", layer, float(per_token.sum()), per_token.shape[0])
             return
         for kind, mask in masks.items():
             if mask.any():

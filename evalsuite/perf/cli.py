@@ -24,7 +24,7 @@ def _calibrated(model_spec: str, predictors: list[str], epochs: int):
     if model_spec in MODELS or model_spec.startswith("tiny:"):
         return None, wanted  # random weights: no text to calibrate on
     model, tokenizer = load_model(model_spec)
-    batches = list(token_batches(calibration_texts(None, 128), tokenizer, model.config.vocab_size, max_len=128))
+    batches = list(token_batches(calibration_texts(None, 128), tokenizer, model.config.get_text_config().vocab_size, max_len=128))
     return calibrate(model, batches, "all", epochs=epochs), []
 
 

@@ -25,11 +25,11 @@ def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = 
         path = str(Path(workdir or ".") / "checkpoint")
         random_model(spec, layers).save_pretrained(path)
         model = load_skeleton(path, torch.bfloat16, device)
-        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(3, model.config.get_text_config().vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
         return model, ids.to(device), None
     model, tokenizer = load_model(spec, device=device)
     if tokenizer is None:
-        ids = torch.randint(3, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(3, model.config.get_text_config().vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
     else:
         from ..taskgen.corpus import heldout_items
 
