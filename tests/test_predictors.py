@@ -157,7 +157,8 @@ class StubEngine:
 
     def __init__(self, per_transfer, queued=0, resident=()):
         self.layers = [type("L", (), {"index": i, "top_k": 2})() for i in range(3)]
-        self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident)})()
+        self.cache = type("C", (), {"resident": staticmethod(lambda key: key in resident),
+                                    "victim_regret": staticmethod(lambda: 0.0), "spare": staticmethod(lambda layer: 0)})()
         self.transfers = type("T", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                         "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,
                                         "chunk_s": None})()

@@ -16,7 +16,7 @@ class FakeEngine:
         self.stalled_s = 0.0  # the engine's stall total
         self.missed = 0  # its demand loads
         self.layers = [SimpleNamespace(index=7, top_k=2), SimpleNamespace(index=7, top_k=2)]
-        self.cache = SimpleNamespace(resident=lambda key: False)
+        self.cache = SimpleNamespace(resident=lambda key: False, victim_regret=lambda: 0.0, spare=lambda layer: 0)
         self.transfers = SimpleNamespace(seconds_per_transfer=lambda: 1.0, prefetches_queued=lambda: prefetches_queued,
                                          chunk_bytes=10, chunk_s=None)
         self.layout = SimpleNamespace(nbytes=1000)  # a chunk is 10 ms of the link
@@ -141,6 +141,25 @@ def test_a_wrong_guess_costs_half_a_chunk_of_the_link_s_own_time():
         assert worker.chunk_s == pytest.approx(1e-3)
     finally:
         worker.close()
+
+
+def test_a_wrong_guess_that_takes_a_used_expert_s_slot_is_charged_the_victims_asked_for_again():
+    """A wrong prefetch whose copy starts takes a used expert's slot for good; the cache measures how often such a
+    victim is asked for again while it would still have been resident (victim_regret), and each such use is a
+    miss. At a precision of a half, a copy hiding 0.3 s pays against 5 ms (half a chunk) wasted; with every victim
+    asked for again it would also lose what a hit saves (a whole 1 s copy here) half the time, and is not sent,
+    unless a free slot or an unconfirmed guess can be taken instead of a used expert (`spare`)."""
+    sent = {}
+    for regret, spare in ((0.0, 0), (1.0, 0), (1.0, 1)):
+        engine = FakeEngine()
+        engine.cache = SimpleNamespace(resident=lambda key: False, victim_regret=lambda: regret,
+                                       spare=lambda layer: spare)
+        s = PrefetchScheduler(engine, budget=2)
+        s.layer_s = 0.3
+        s.seen[7], s.picked[7] = 2, [1, 0]  # rank 0: (1 + 1) / (2 + 2), right half the time
+        s.schedule(1, candidates([3, 5]), h=1)
+        sent[regret, spare] = engine.sent
+    assert sent == {(0.0, 0): [[3]], (1.0, 0): [], (1.0, 1): [[3]]}
 
 
 def test_a_rank_the_router_never_confirms_is_not_sent():
@@ -282,7 +301,7 @@ def test_a_missing_candidate_is_judged_by_how_often_missing_candidates_were_righ
     right is mostly what the cache holds already: rank 0 is right half the time over all predictions,
     never when it was missing, so a missing rank-0 candidate is not worth a costly wrong guess."""
     engine = FakeEngine()
-    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
+    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3, victim_regret=lambda: 0.0, spare=lambda layer: 0)
     engine.prefetch_cost_s = 0.5  # a wrong guess costs half a copy
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s = 10.0
@@ -300,7 +319,7 @@ def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     """The layer misses often, but the experts this predictor names are already cached whenever it is
     scheduled: its expected saving is what its missing candidates would save, which is near nothing."""
     engine = FakeEngine()
-    engine.cache = SimpleNamespace(resident=lambda key: True)
+    engine.cache = SimpleNamespace(resident=lambda key: True, victim_regret=lambda: 0.0, spare=lambda layer: 0)
     engine.miss_rate = lambda layer: 1.0
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s, s.predict_s = 10.0, 0.2
@@ -322,7 +341,7 @@ def test_a_verdict_stands_until_an_observation_changes_the_precisions():
     scoring a prediction for that layer, and only that, makes it judge again."""
     engine = FakeEngine()
     engine.layers[0] = SimpleNamespace(index=6, top_k=2)  # sparse layers 6 and 7
-    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3)
+    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3, victim_regret=lambda: 0.0, spare=lambda layer: 0)
     engine.miss_rate = lambda layer: 1.0
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s, s.predict_s = 10.0, 0.2

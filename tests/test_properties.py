@@ -224,7 +224,8 @@ class SchedulerStub:
 
     def __init__(self, resident, per_transfer, queued):
         self.layers = [type("Layer", (), {"index": i, "top_k": 2})() for i in range(3)]
-        self.cache = type("Cache", (), {"resident": staticmethod(lambda key: key in resident)})()
+        self.cache = type("Cache", (), {"resident": staticmethod(lambda key: key in resident),
+                                        "victim_regret": staticmethod(lambda: 0.0), "spare": staticmethod(lambda layer: 0)})()
         self.transfers = type("Link", (), {"seconds_per_transfer": staticmethod(lambda: per_transfer),
                                            "prefetches_queued": staticmethod(lambda: queued), "chunk_bytes": 64,
                                            "chunk_s": None})()

@@ -18,6 +18,7 @@ from .eviction import ORDERS, POLICIES  # noqa: F401  (POLICIES: the option pars
 
 _BYTES = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+REGRET_PRIOR = 2  # losses victim_regret counts before any, none regretted: it starts at no cost, as before it existed
 
 
 def capacity_in_experts(capacity, total_experts: int, expert_bytes: int) -> int:
@@ -78,6 +79,7 @@ class Pool:
         self.unconfirmed: OrderedDict = OrderedDict()  # prefetched, not yet used; oldest first
         self.order = ORDERS[policy](layers)
         self.resident = 0
+        self.placements = 0  # keys given a slot so far (ExpertCache.place)
 
     def keys(self):
         """Every resident key, in no particular order."""
@@ -157,6 +159,10 @@ class ExpertCache:
         self.pins: dict = {}  # key -> pin count
         self.transfers: dict = {}  # key -> Transfer not yet known to have landed, in submission order
         self.victims: dict = {}  # prefetched key -> (the used expert it evicted, its memento), until settled
+        # victims a cancelled prefetch did not give back (its copy had reached the slot), and how many of them were
+        # asked for before their pool placed anything else, when they would still have been resident (victim_regret)
+        self.lost: dict = {}  # victim key -> its pool's placements when it was lost
+        self.victims_lost, self.victims_regretted = 0, 0
         self._version = 0  # changes whenever a victim choice could change
         self._plan: tuple | None = None  # the victim `can_place` found, for the `place` that follows
 
@@ -204,6 +210,9 @@ class ExpertCache:
         gets its slot back, at the eviction end it was taken from. Returns the expert given back."""
         victim, memento = self.victims.pop(key, (None, None))
         if not untouched or victim is None or victim in self.slot_of:
+            if victim is not None and victim not in self.slot_of:  # lost: it would be resident until the next place
+                self.lost[victim] = self.pools[key[0]].placements
+                self.victims_lost += 1
             self.forget(key)
             return None
         pool = self.pools[key[0]]
@@ -214,6 +223,20 @@ class ExpertCache:
         pool.restore(victim, memento)
         self._version += 1
         return victim
+
+    def victim_regret(self) -> float:
+        """Of the used experts a cancelled prefetch took the slot of (its copy had started), the share asked for
+        before their pool placed anything else: a wrong prefetch that moves costs that miss. Placing the next key
+        would have evicted the victim anyway (it was first in eviction order; the cancelled prefetch's slot is
+        free instead), so only a use before it is lost. Counted from zero (REGRET_PRIOR losses, none regretted):
+        on tiny-qwen3-moe at 10-50 % none of 41 such victims was asked for in time, on tiny-qwen3-vl-moe at 25 %
+        (two slots a layer) 19 of 27, mostly the predicted layer's own expert of the token before."""
+        return self.victims_regretted / (self.victims_lost + REGRET_PRIOR)
+
+    def spare(self, layer: int) -> int:
+        """Slots a prefetch for `layer` may take without evicting a used expert: free ones and unconfirmed guesses."""
+        pool = self.pools[layer]
+        return len(pool.free) + len(pool.unconfirmed)
 
     def predict(self, predictions: dict) -> None:
         """The predictor's scores for the coming layers, {layer: {expert: score}} (higher: more
@@ -248,6 +271,9 @@ class ExpertCache:
         """Give `key` a slot (evicting if needed); returns (slot, evicted key or None). A prefetched
         key waits at the eviction end until `pin` confirms it."""
         pool = self.pools[key[0]]
+        if self.lost and self.lost.pop(key, None) == pool.placements:
+            self.victims_regretted += 1  # asked for while a cancelled prefetch's slot stood where it had been
+        pool.placements += 1
         evicted = None
         if not pool.free:
             evicted = self._victim(pool, key[0], protect, exclude, prefetch)

@@ -33,13 +33,18 @@ cost(r)    a wrong prefetch still moving when its router decides is cancelled, a
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
            chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
            it is emulated, or the whole copy where that is shorter); one still queued or already
-           landed delays nothing. Every prefetch sent, right or wrong, costs the compute thread what
-           issuing, settling and cancelling one costs (c, measured by the engine: `prefetch_cost_s`),
-           and a right one spares the demand load it replaces (d, `demand_cost_s`, measured on the
-           engine's misses; c where not measured):
-           (1 − pm)·chunk/2 + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d 10-15 us).
-rule       send a missing r when pm·saved(r) > (1 − pm)·chunk/2 + c − pm·d seconds; with
-           `window=False`, send the top `budget` regardless.
+           landed delays nothing. One whose copy has started has also taken a used expert's slot for
+           good (no free slot or unconfirmed guess to take): v, the share of such victims asked for
+           again before they would have been evicted anyway (ExpertCache.victim_regret, measured),
+           times what a hit saves (s, below), is lost with it (tiny-qwen3-vl-moe at 25 %, two slots a
+           layer: 19 of 27 victims; tiny-qwen3-moe at 10-50 %: none of 41). Every prefetch sent,
+           right or wrong, costs the compute thread what issuing, settling and cancelling one costs
+           (c, measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
+           replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):
+           (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d 10-15 us).
+rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (v·s only
+           where saved(r) > 0, its copy starting before the router decides); with `window=False`, send
+           the top `budget` regardless.
 
 worth      whether a prediction is made now or after its request: evalsuite.engine.worth.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
@@ -239,6 +244,14 @@ class PrefetchScheduler(WorthTest):
         chunk = t * self._chunk_share if self._chunk_s is None else min(t, self._chunk_s)
         return chunk / 2, issue, issue if spared is None else spared
 
+    def _victim_loss(self, layer: int, hit_saves: float) -> tuple[int, float]:
+        """What a wrong prefetch for `layer` loses beyond the link's time, once its copy has started: the used expert
+        whose slot it took, asked for again before its pool places anything else at the cache's measured rate
+        (ExpertCache.victim_regret), each such use a miss that stalls what a hit saves; and how many prefetches
+        lose none (`spare`: free slots and unconfirmed guesses go first)."""
+        cache = self.engine.cache
+        return cache.spare(layer), cache.victim_regret() * hit_saves
+
     def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
         picked = self.picked.setdefault(layer, [0] * self.budget)
@@ -295,10 +308,12 @@ class PrefetchScheduler(WorthTest):
         (moving_s, issue_s, spared_s), lead = self._costs(t), self.lead_s(target_pos, h)
         precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
         wanted, hit_saves = [], self._hit_saves(t, layer)
+        spare, lost = self._victim_loss(layer, hit_saves)
         for rank, e in missing:
             p = precision[rank]
             saved = min(hit_saves, max(0.0, lead - (ahead + len(wanted)) * t))
-            if p * saved > (1 - p) * moving_s + issue_s - p * spared_s:
+            wrong = moving_s + (lost if saved > 0.0 and len(wanted) >= spare else 0.0)
+            if p * saved > (1 - p) * wrong + issue_s - p * spared_s:
                 wanted.append(e)
         if not wanted:
             return 0

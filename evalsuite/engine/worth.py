@@ -159,9 +159,11 @@ class WorthTest:
         scheduled predictions scored (pm and q measured, not their priors)."""
         (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t, layer)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
+        spare, lost = self._victim_loss(layer, hit_saves)
         for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
             saved = min(hit_saves, max(0.0, lead - (ahead + rank) * t))
-            spent = (1 - p) * moving_s + issue_s - p * spared_s
+            wrong = moving_s + (lost if saved > 0.0 and rank >= spare else 0.0)  # (see schedule)
+            spent = (1 - p) * wrong + issue_s - p * spared_s
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * spent
