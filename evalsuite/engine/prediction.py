@@ -203,11 +203,11 @@ class PredictionDriver:
                 scheduler.layer_started(pos, False)
         replaced = None
         if predicted is not None:
-            # recall@k over decode tokens (scored once the request ends); by token kind over prefill too, a
-            # prediction put off (a Later) when its request ends, with the kinds of its forward pass kept here
+            # recall@k over decode tokens, scored once the request ends, by token kind too (with the kinds of
+            # the forward pass kept here: off the decode step's path); a prefill's by kind now
             if decoding:
                 self.current.setdefault(layer, []).append((predicted, ids, self.rows, forward.kinds))
-            if forward.kinds is not None and type(predicted) is tuple:
+            elif forward.kinds is not None:
                 for k in self.recall_ks:
                     forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
             if self.speculating and self.speculates(pos):
@@ -373,12 +373,11 @@ class PredictionDriver:
                 scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
                 if scores is None:
                     continue  # the predictor had nothing for this step
-                if isinstance(predicted, Later):
-                    if self.scheduler is not None:
-                        self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
-                    if kinds is not None:  # (one made online was counted by kind at its layer)
-                        for k in self.recall_ks:
-                            kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
+                if isinstance(predicted, Later) and self.scheduler is not None:
+                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
+                if kinds is not None:
+                    for k in self.recall_ks:
+                        kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
                 made.append((scores, native, rows))
             if not made:
                 continue
