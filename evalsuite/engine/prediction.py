@@ -362,7 +362,7 @@ class PredictionDriver:
         for k in self.recall_ks:
             record.recall.setdefault(k, {})
         for layer, steps in self.current.items():
-            made, pos = [], self.pos_of[layer]  # (scores, native ids, rows) of the steps with a prediction
+            made, kinds_of, pos = [], [], self.pos_of[layer]  # (scores, native ids, rows), and token kinds, per step
             for step in steps:
                 if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
                     if len(step.inputs) <= pos:
@@ -375,23 +375,27 @@ class PredictionDriver:
                     continue  # the predictor had nothing for this step
                 if isinstance(predicted, Later) and self.scheduler is not None:
                     self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
-                if kinds is not None:
-                    for k in self.recall_ks:
-                        kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
                 made.append((scores, native, rows))
+                kinds_of.append(kinds)
             if not made:
                 continue
             if any(rows is not None for _, _, rows in made):  # rows left the batch (keep_rows)
                 total = record.requests[-1].rows
                 for k in self.recall_ks:
                     record.add_recall(k, layer, recall_per_row(made, k, total))
+                    for (scores, native, _), kinds in zip(made, kinds_of):
+                        if kinds is not None:
+                            kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
                 continue
             predicted = torch.stack([p for p, _, _ in made])  # [steps, rows, experts]
             native = torch.stack([n.to(predicted.device) for _, n, _ in made])  # [steps, rows, top-k]
             flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
             for k in self.recall_ks:
-                per_row = token_recall(flat_p, flat_n, k).view(predicted.shape[:2]).mean(dim=0)
-                record.add_recall(k, layer, per_row.tolist())
+                per_token = token_recall(flat_p, flat_n, k).view(predicted.shape[:2])  # [steps, rows]
+                record.add_recall(k, layer, per_token.mean(dim=0).tolist())
+                for step, kinds in enumerate(kinds_of):  # by kind, from the same per-token recall
+                    if kinds is not None:
+                        kinds.count_recall(record.kinds, k, layer, per_token[step])
         self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:

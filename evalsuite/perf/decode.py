@@ -25,16 +25,22 @@ def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = 
         path = str(Path(workdir or ".") / "checkpoint")
         random_model(spec, layers).save_pretrained(path)
         model = load_skeleton(path, torch.bfloat16, device)
-        ids = torch.randint(3, model.config.get_text_config().vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
-        return model, ids.to(device), None
+        return model, random_prompt(model, prompt_tokens).to(device), None
     model, tokenizer = load_model(spec, device=device)
     if tokenizer is None:
-        ids = torch.randint(3, model.config.get_text_config().vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
+        ids = random_prompt(model, prompt_tokens)
     else:
         from ..taskgen.corpus import heldout_items
 
         ids = torch.tensor([tokenizer(heldout_items("arith")[0]["prompt"])["input_ids"]])
     return model, ids.to(device), tokenizer
+
+
+def random_prompt(model, tokens: int) -> torch.Tensor:
+    """[1, tokens] random token ids (seeded) for a model without a tokenizer; a vision-language model's
+    vocabulary is its text config's."""
+    vocab = model.config.get_text_config().vocab_size
+    return torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
 
 
 def greedy(model, ids, tokens, forced: torch.Tensor | None = None) -> torch.Tensor:

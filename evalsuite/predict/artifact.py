@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 FORMAT = "evalsuite-predictor/1"
+ESTIMATOR_PARTS = ("w1", "b1", "w2", "b2")  # an estimator's tensors: Linear, GELU, Linear
 _VOLATILE = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_experts_implementation"}
 
 
@@ -47,7 +48,7 @@ class Artifact:
         return self._get(f"adapter.{layer}.{h}.A"), self._get(f"adapter.{layer}.{h}.B")
 
     def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
-        return tuple(self._get(f"estimator.{layer}.{p}") for p in ("w1", "b1", "w2", "b2"))
+        return tuple(self._get(f"estimator.{layer}.{p}") for p in ESTIMATOR_PARTS)
 
     def next_token_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The adapter of the next token's first sparse layer on the last one's router input, if trained (an
@@ -56,7 +57,7 @@ class Artifact:
 
     def next_token_estimator(self) -> tuple[torch.Tensor, ...] | None:
         """The estimator of the next token's first sparse layer on the last one's router input, if trained."""
-        return self._optional("estimator.next_token", ("w1", "b1", "w2", "b2"))
+        return self._optional("estimator.next_token", ESTIMATOR_PARTS)
 
     def _optional(self, name: str, parts) -> tuple[torch.Tensor, ...] | None:
         present = [f"{name}.{p}" in self.tensors for p in parts]

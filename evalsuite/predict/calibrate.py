@@ -14,7 +14,7 @@ from ..engine import arch
 from ..engine.kernel import expert_mlp
 from ..engine.metrics import token_recall
 from ..engine.store import ExpertLayout
-from .artifact import Artifact, fingerprint
+from .artifact import ESTIMATOR_PARTS, Artifact, fingerprint
 from ..engine.prediction import LayerState
 from .predictors import (AdapterPredictor, EstimatorPredictor, FrequencyPredictor, GatePredictor, QuasiPredictor,
                          router_logits)
@@ -151,7 +151,7 @@ def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden
                 q = quasi.quasi_state(_layer_state(trace, pos)).float()
             params, losses[f"estimator.{layer.index}"] = train_estimator(
                 q, trace[pos + 1]["logits"], hidden, epochs, lr, desc=_bar("estimator", layer, layers[pos + 1]))
-            for name, value in zip(("w1", "b1", "w2", "b2"), params):
+            for name, value in zip(ESTIMATOR_PARTS, params):
                 tensors[f"estimator.{layer.index}.{name}"] = value
     x, target, _ = next_token_pairs(trace)
     if len(x):  # the next token's first sparse layer, from this token's last (none from one-token rows)
@@ -162,7 +162,7 @@ def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden
         if "estimator" in TRAINED[predictor]:
             params, losses["estimator.next_token"] = train_estimator(
                 x, target, hidden, epochs, lr, desc=_bar("estimator", layers[-1], layers[0], True))
-            for name, value in zip(("w1", "b1", "w2", "b2"), params):
+            for name, value in zip(ESTIMATOR_PARTS, params):
                 tensors[f"estimator.next_token.{name}"] = value
     return losses
 

@@ -131,19 +131,21 @@ class EstimatorPredictor(QuasiPredictor):
         self.gelu = artifact.estimator_gelu() if artifact is not None else None
 
     def scores(self, state, h):
-        w1, b1, w2, b2 = self.artifact.estimator(self.layers[state.pos].index)
-        hidden = F.gelu(F.linear(_float(self.quasi_state(state)), w1, b1), approximate=self.gelu)
-        return self._from_logits(state.pos + 1, F.linear(hidden, w2, b2))
+        net = self.artifact.estimator(self.layers[state.pos].index)
+        return self._from_logits(state.pos + 1, self._estimate(self.quasi_state(state), net))
 
     def next_token_scores(self, x):
         """The next token's first sparse layer: its estimator on the last sparse layer's router input `x` (no
         quasi state reaches across the token boundary), or the gate rule where the artifact has none."""
-        trained = self.artifact.next_token_estimator() if self.artifact is not None else None
-        if trained is None:
+        net = self.artifact.next_token_estimator() if self.artifact is not None else None
+        if net is None:
             return super().next_token_scores(x)
-        w1, b1, w2, b2 = trained
-        hidden = F.gelu(F.linear(_float(x), w1, b1), approximate=self.gelu)
-        return self._from_logits(0, F.linear(hidden, w2, b2))
+        return self._from_logits(0, self._estimate(x, net))
+
+    def _estimate(self, q: torch.Tensor, net: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The logits the estimator `net` (w1, b1, w2, b2) gives for input `q`."""
+        w1, b1, w2, b2 = net
+        return F.linear(F.gelu(F.linear(_float(q), w1, b1), approximate=self.gelu), w2, b2)
 
 
 class AdapterPredictor(Predictor):
@@ -154,8 +156,7 @@ class AdapterPredictor(Predictor):
     def scores(self, state, h):
         target = state.pos + h
         a, b = self.artifact.adapter(self.layers[state.pos].index, h)
-        logits = router_logits(self.layers[target].router, state.x) + F.linear(F.linear(_float(state.x), a), b)
-        return self._from_logits(target, logits)
+        return self._from_logits(target, _adapted(self.layers[target].router, state.x, a, b))
 
     def next_token_scores(self, x):
         """The next token's first sparse layer: the gate rule across the token boundary plus the adapter trained
@@ -163,8 +164,12 @@ class AdapterPredictor(Predictor):
         trained = self.artifact.next_token_adapter() if self.artifact is not None else None
         if trained is None:
             return super().next_token_scores(x)
-        a, b = trained
-        return self._from_logits(0, router_logits(self.layers[0].router, x) + F.linear(F.linear(_float(x), a), b))
+        return self._from_logits(0, _adapted(self.layers[0].router, x, *trained))
+
+
+def _adapted(router, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(W_gate + B A) x: the router's logits for `x` plus the low-rank adapter's correction."""
+    return router_logits(router, x) + F.linear(F.linear(_float(x), a), b)
 
 
 class FrequencyPredictor(Predictor):
