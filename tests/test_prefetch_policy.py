@@ -8,6 +8,7 @@ import torch
 
 import evalsuite
 from evalsuite.engine import arch
+from evalsuite.engine.fetching import fading_keep
 from evalsuite.engine.prediction import LayerState
 
 from .helpers import LINK_KINDS, batch, reference_model, shipped_model, use_link_kind
@@ -422,21 +423,23 @@ def test_on_a_slow_link_predictions_are_made_and_sent_online():
     assert s["prefetches"] > 0 and put_off < predictions / 3
 
 
-def test_the_miss_rate_the_scheduler_starts_from_counts_decode_uses_only():
+def test_the_miss_rate_the_scheduler_reads_counts_recent_decode_uses_only():
     """A prefill starts on a cold cache: counting its misses would keep the rate high long after the
-    cache warmed. With every expert fitting, a decode use misses only the first time its expert runs."""
+    cache warmed, and so would a decode's first tokens, which miss far more than the rest: older uses fade
+    (MISS_RATE_MEMORY steps). With every expert fitting, a decode use misses only the first time its expert runs."""
     model, ids, mask, _ = copy_and_reference(rows=1, tokens=12)
     with evalsuite.offload(model, mode="on-demand", cache_capacity="all", trace=True) as engine, torch.no_grad():
         model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
         trace = engine.routing_trace()
         rates = {layer: engine.miss_rate(layer) for layer in trace.layers}
     (_, prefill), = trace.prefills
+    keep = fading_keep(engine.layers[0].top_k)  # older uses fade
     for pos, layer in enumerate(trace.layers):
-        seen, uses, missed = set(prefill[pos]), 0, 0
+        seen, uses, missed = set(prefill[pos]), 0.0, 0.0
         for step in trace.steps:
-            for e in step[pos].native:
-                uses, missed, seen = uses + 1, missed + (e not in seen), seen | {e}
-        assert rates[layer] == (missed + 1) / (uses + 1)  # from a prior of one use that missed
+            for e in sorted(set(step[pos].native)):
+                uses, missed, seen = uses * keep + 1, missed * keep + (e not in seen), seen | {e}
+        assert rates[layer] == pytest.approx((missed + 1) / (uses + 1), rel=1e-12)  # from a prior of one use that missed
 
 
 def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches(monkeypatch):

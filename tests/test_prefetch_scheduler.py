@@ -331,29 +331,32 @@ def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     assert not s.worth_predicting(1, 1)
     s.missing_seen.clear()  # what is known without them: the layer's miss rate says every candidate misses
     s.missing_scored.clear()
+    s.missing_recent.clear()
     s._verdict.clear()  # (observe() drops a layer's verdicts when its precisions change; these were changed by hand)
     s._off_left.clear()
     assert s.worth_predicting(1, 1)
 
 
-def test_a_verdict_stands_until_an_observation_changes_the_precisions():
-    """worth_predicting judges a layer once and keeps the answer (it runs at every layer of every token);
-    scoring a prediction for that layer, and only that, makes it judge again."""
+
+def test_what_is_missing_is_read_from_the_recent_predictions():
+    """The cache turns over in a request's first tokens: candidates missing then are cached a few tokens
+    later. The missing share q follows the recent scheduled predictions (MISSING_MEMORY), so a prediction
+    whose candidates have been cached for a dozen tokens is no longer worth making (the miss rate too low
+    to turn it), where a share over every prediction would still read the first tokens' misses."""
     engine = FakeEngine()
-    engine.layers[0] = SimpleNamespace(index=6, top_k=2)  # sparse layers 6 and 7
-    engine.cache = SimpleNamespace(resident=lambda key: key[1] == 3, victim_regret=lambda: 0.0, spare=lambda layer: 0)
-    engine.miss_rate = lambda layer: 1.0
+    resident = {"now": False}
+    engine.cache = SimpleNamespace(resident=lambda key: resident["now"], victim_regret=lambda: 0.0,
+                                   spare=lambda layer: 0)
+    engine.miss_rate = lambda layer: 0.05
     s = PrefetchScheduler(engine, budget=2)
     s.layer_s, s.predict_s = 10.0, 0.2
-    assert s.worth_predicting(1, 1)  # nothing known: every candidate misses, at even odds
-    engine.prefetch_cost_s = 100.0  # what it rests on drifts (a wrong guess now costs more than a copy saves)
-    assert s.worth_predicting(1, 1)
-    made = candidates([3, 5])
-    s.schedule(0, made, h=1)
-    s.observe(6, made, {3})  # another layer's precisions changed
-    assert s.worth_predicting(1, 1)
-    s.schedule(1, made, h=1)
-    s.observe(7, made, {3})
+    for cached in [False] * 8 + [True] * 12:  # eight predictions find both candidates missing, then twelve none
+        resident["now"] = cached
+        made = candidates([3, 5])
+        s.schedule(1, made, h=1)
+        s.observe(7, made, {3, 5})
+    cumulative = 8 / 20
+    assert s.missing_share(7)[0] < cumulative / 2
     assert not s.worth_predicting(1, 1)
 
 

@@ -14,6 +14,29 @@ import torch
 from .metrics import Counters
 from .transfer import TransferError
 
+# a layer's miss rate rests on about its last MISS_RATE_MEMORY decode steps' uses (each older use weighs
+# 1 - 1/(MISS_RATE_MEMORY·top-k) less): a request's first decode tokens miss far more than its later ones (the
+# cache turns from the prompt's experts to the decode's), and a rate over every use kept the scheduler expecting
+# missing candidates long after (a VL model on the SD card at 25 %: 0.35 at the ninth token, whose eight tokens
+# before had missed none)
+MISS_RATE_MEMORY = 8
+
+
+def fading_keep(top_k: int) -> float:
+    """What an older decode use weighs in a miss-rate tally, one use on (MISS_RATE_MEMORY steps of top-k uses)."""
+    return 1.0 - 1.0 / (MISS_RATE_MEMORY * top_k)
+
+
+def count_use(tally: list[float], missed: bool, keep: float) -> None:
+    """One decode use more in a layer's [uses, would have missed] tally, the older ones weighing `keep` less."""
+    tally[0] = tally[0] * keep + 1.0
+    tally[1] = tally[1] * keep + missed
+
+
+def rate_of(tally) -> float:
+    """The tally's miss rate, from a prior of one use that missed (see ExpertFetching.miss_rate)."""
+    return (tally[1] + 1) / (tally[0] + 1)
+
 
 class ExpertFetching:
     """Engine methods: weights_in_order (the hot path), prefetch, settle_prefetches, and their helpers."""
@@ -90,14 +113,13 @@ class ExpertFetching:
             self.prefetch_cost_s = self.prefetch_work_s / self._prefetch_n
 
     def miss_rate(self, layer: int) -> float:
-        """Share of sparse layer `layer`'s decode expert uses so far that would have missed without prefetching:
-        misses, and hits on experts a prefetch brought, from a prior of one use that missed (1 before any use:
-        the first decode token's two hits on the SD card read 0, and the scheduler put that layer's predictions
-        off for the next six tokens, each a copy's stall). Decode only: a prefill starts on a cold cache, and its
+        """Share of sparse layer `layer`'s recent decode expert uses that would have missed without prefetching
+        (older uses fade: MISS_RATE_MEMORY): misses, and hits on experts a prefetch brought, from a prior of one
+        use that missed (1 before any use: the first decode token's two hits on the SD card read 0, and the
+        scheduler put that layer's predictions off for the next six tokens, each a copy's stall). Decode only: a prefill starts on a cold cache, and its
         misses would keep the rate high long after the cache warmed (on a 32-token request at a 50 % cache, the
         scheduler then expected 2.6 times the missing candidates there were)."""
-        uses, missed = self._decode_tally.get(layer, (0, 0))
-        return (missed + 1) / (uses + 1)
+        return rate_of(self._decode_tally.get(layer, (0.0, 0.0)))
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick
@@ -151,9 +173,8 @@ class ExpertFetching:
         if self.forward.decoding:  # miss_rate's tally: would this use have missed without prefetching?
             tally = self._decode_tally.get(key[0])
             if tally is None:
-                tally = self._decode_tally[key[0]] = [0, 0]
-            tally[0] += 1
-            tally[1] += not resident or key in self._prefetched
+                tally = self._decode_tally[key[0]] = [0.0, 0.0]
+            count_use(tally, not resident or key in self._prefetched, self._tally_keep)
         if resident:
             counters.hits += 1
             if key in self._prefetched:

@@ -18,7 +18,7 @@ from .metrics import Counters, EngineRecord
 from .prediction import PREDICTORS, PredictionDriver, RowGroups, experts_in
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
-from .fetching import ExpertFetching
+from .fetching import ExpertFetching, fading_keep
 from .forward import Forward
 from .kernel import run_experts
 from .modes import MODES, names_where
@@ -139,7 +139,8 @@ class Engine(ExpertFetching):
         self.unsettled: dict = {}
         self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
         self.missed = 0  # demand loads started, over the engine's life (the scheduler's stall per miss)
-        self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed] (miss_rate)
+        self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed], fading (miss_rate)
+        self._tally_keep = fading_keep(self.layers[0].top_k)  # what an older use still weighs
         self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self.demand_work_s, self._demand_n = 0.0, 0  # compute-thread seconds starting demand loads, and how many

@@ -27,8 +27,11 @@ pm(l, r)   the same over the rank-r candidates that were missing from the cache 
            gets wrong most (what it gets right is mostly what the cache already holds), so with a
            large cache pm can be well below p (docs/performance.md, "The prefetch policy"). Shrunk
            towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
-q(l, r)    the share of scheduled predictions whose rank-r candidate was missing, shrunk towards
-           the layer's decode miss rate (Engine.miss_rate) the same way.
+q(l, r)    the share of recent scheduled predictions whose rank-r candidate was missing (about the last
+           MISSING_MEMORY, each older one weighing 1 − 1/MISSING_MEMORY less), from PRIOR_WEIGHT
+           predictions at the layer's decode miss rate (Engine.miss_rate) that fade the same way: what is
+           missing follows the cache, which turns over in a request's first tokens (the predictor's
+           precision does not, and p and pm keep every observation).
 cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
            chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
@@ -61,6 +64,7 @@ import torch
 from .worth import WorthTest
 
 PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
+MISSING_MEMORY = 8  # scheduled predictions of a layer q mostly rests on (each older one weighs 1 - 1/8 less)
 MISS_MEMORY = 256  # put-off decode steps the stall per miss is fitted over (older ones fade)
 MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time
 
@@ -87,7 +91,8 @@ class PrefetchScheduler(WorthTest):
         self._scheduled: dict[int, tuple] = {}  # sparse layer -> (its candidates list, [(rank, expert) missing])
         self.missing_seen: dict[int, list[int]] = {}  # sparse layer -> per rank, missing candidates scored
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
-        self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored (q's denominator)
+        self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
+        self.missing_recent: dict[int, list[float]] = {}  # sparse layer -> [predictions, per rank missing], fading (q)
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction made online (smoothed)
         self.put_off_s: float | None = None  # compute-thread seconds of one put off (smoothed)
@@ -263,9 +268,18 @@ class PrefetchScheduler(WorthTest):
         if scheduled is not None and scheduled[0] is candidates:  # this very prediction was scheduled
             seen = self.missing_seen.setdefault(layer, [0] * self.budget)
             picked = self.missing_picked.setdefault(layer, [0] * self.budget)
+            recent = self.missing_recent.get(layer)
+            if recent is None:  # from PRIOR_WEIGHT predictions at the layer's miss rate, which fade as the rest do
+                miss = self.engine.miss_rate(layer)
+                recent = self.missing_recent[layer] = [PRIOR_WEIGHT] + [PRIOR_WEIGHT * miss] * self.budget
+            keep = 1.0 - 1.0 / MISSING_MEMORY
+            for i, weight in enumerate(recent):
+                recent[i] = weight * keep
+            recent[0] += 1.0
             for rank, e in scheduled[1]:
                 seen[rank] += 1
                 picked[rank] += e in chosen
+                recent[rank + 1] += 1.0
             self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
         self._verdict.pop(layer, None)
@@ -288,9 +302,12 @@ class PrefetchScheduler(WorthTest):
         return self._missing[layer]
 
     def missing_share(self, layer: int) -> list[float]:
-        """Per rank, q: how often the candidate was missing when scheduled, shrunk towards the layer's miss rate."""
-        miss, n, k = self.engine.miss_rate(layer), self.missing_scored.get(layer, 0), PRIOR_WEIGHT
-        return [(m + k * miss) / (n + k) for m in self.missing_seen.get(layer, [0] * self.budget)]
+        """Per rank, q: how often the candidate was missing when recently scheduled (before any, the layer's miss
+        rate)."""
+        recent = self.missing_recent.get(layer)
+        if recent is None:
+            return [self.engine.miss_rate(layer)] * self.budget
+        return [m / recent[0] for m in recent[1:]]
 
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from ..engine.cache import ExpertCache
+from ..engine.fetching import count_use, fading_keep, rate_of
 from ..engine.metrics import Counters, summarise
 from ..engine.modes import MODES, Mode
 from ..engine.scheduler import PrefetchScheduler
@@ -92,7 +93,8 @@ class Replay:
         self.prefilling = False
         self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
         self.unsettled: dict = {}  # sparse layer -> {its prefetches since its router last settled them}
-        self._layer_uses: dict = {}  # layer -> (decode uses, those that would have missed), for miss_rate
+        self._layer_uses: dict = {}  # layer -> [decode uses, those that would have missed], fading (miss_rate)
+        self._tally_keep = fading_keep(trace.top_k)
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
         self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
@@ -253,14 +255,13 @@ class Replay:
             self.cache.unpin(key)
 
     def miss_rate(self, layer: int) -> float:
-        """Engine.miss_rate: decode uses that would have missed without prefetching, from a prior of one miss."""
-        uses, misses = self._layer_uses.get(layer, (0, 0))
-        return (misses + 1) / (uses + 1)
+        """Engine.miss_rate: recent decode uses that would have missed without prefetching, from a prior of one miss."""
+        return rate_of(self._layer_uses.get(layer, (0.0, 0.0)))
 
     def _acquire(self, key, protect) -> None:
         if not self.prefilling:  # a prefetched expert's use would have missed
-            uses, misses = self._layer_uses.get(key[0], (0, 0))
-            self._layer_uses[key[0]] = (uses + 1, misses + (not self.cache.resident(key) or key in self.prefetched))
+            tally = self._layer_uses.setdefault(key[0], [0.0, 0.0])
+            count_use(tally, not self.cache.resident(key) or key in self.prefetched, self._tally_keep)
         if self.cache.resident(key):
             self.counters.hits += 1
             if key in self.prefetched:
