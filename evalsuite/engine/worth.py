@@ -160,13 +160,18 @@ class WorthTest:
         (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t, layer)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         spare, lost = self._victim_loss(layer, hit_saves)
-        for rank, (p, q) in enumerate(zip(self.missing_precision(layer), self.missing_share(layer))):
-            saved = min(hit_saves, max(0.0, lead - (ahead + rank) * t))
-            wrong = moving_s + (lost if saved > 0.0 and rank >= spare else 0.0)  # (see schedule)
+        # what is queued ahead of a candidate is the prefetches already on the link and the candidates before it
+        # that are sent, each as often as it is missing (only missing ones are sent: where the first ranks are
+        # mostly cached, a later one's copy starts at once, as schedule sends it)
+        before = 0.0  # candidates of this prediction sent before the next one, expected
+        for p, q in zip(self.missing_precision(layer), self.missing_share(layer)):
+            saved = min(hit_saves, max(0.0, lead - (ahead + before) * t))
+            wrong = moving_s + (lost if saved > 0.0 and before >= spare else 0.0)  # (see schedule)
             spent = (1 - p) * wrong + issue_s - p * spared_s
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * spent
+                before += q
         # stall_off caps the saving once it rests on STALL_OFF_AFTER steps: one step stalls anything from nothing
         # (every expert resident) to several copies, and a lone zero put the SD card's layers off for a dozen
         # steps (a wrong no costs a copy's stall there; a wrong yes, on a fast link, a prediction's compute)
