@@ -25,7 +25,7 @@ import evalsuite.predict  # noqa: F401  (registers the predictors)
 from evalsuite.engine import offload
 from evalsuite.generate import load_model
 from evalsuite.perf.cli import _calibrated
-from evalsuite.perf.decode import greedy
+from evalsuite.perf.decode import greedy, random_prompt
 
 
 AGAIN = "on-demand again"  # the control case: on-demand, run as one more case
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the second core serves the link, as in `evalsuite bench --threads 1`
     predictors = args.predictors.split(",")
     model, _ = load_model(args.model)
-    ids = torch.randint(3, model.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
+    ids = random_prompt(model, 16)  # (a vision-language model's vocabulary is its text config's)
     artifact, unserved = _calibrated(args.model, predictors, args.epochs)
     if unserved:
         raise SystemExit(f"{', '.join(unserved)} need a trained model to calibrate on: pass --predictors without them")
