@@ -439,7 +439,8 @@ def test_the_miss_rate_the_scheduler_reads_counts_recent_decode_uses_only():
         for step in trace.steps:
             for e in sorted(set(step[pos].native)):
                 uses, missed, seen = uses * keep + 1, missed * keep + (e not in seen), seen | {e}
-        assert rates[layer] == pytest.approx((missed + 1) / (uses + 1), rel=1e-12)  # from a prior of one use that missed
+        # from a prior of one use that missed
+        assert rates[layer] == pytest.approx((missed + 1) / (uses + 1), rel=1e-12)
 
 
 def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches(monkeypatch):

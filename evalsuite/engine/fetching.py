@@ -116,9 +116,10 @@ class ExpertFetching:
         """Share of sparse layer `layer`'s recent decode expert uses that would have missed without prefetching
         (older uses fade: MISS_RATE_MEMORY): misses, and hits on experts a prefetch brought, from a prior of one
         use that missed (1 before any use: the first decode token's two hits on the SD card read 0, and the
-        scheduler put that layer's predictions off for the next six tokens, each a copy's stall). Decode only: a prefill starts on a cold cache, and its
-        misses would keep the rate high long after the cache warmed (on a 32-token request at a 50 % cache, the
-        scheduler then expected 2.6 times the missing candidates there were)."""
+        scheduler put that layer's predictions off for the next six tokens, each a copy's stall). Decode only: a
+        prefill starts on a cold cache, and its misses would keep the rate high long after the cache warmed (on a
+        32-token request at a 50 % cache, the scheduler then expected 2.6 times the missing candidates there
+        were)."""
         return rate_of(self._decode_tally.get(layer, (0.0, 0.0)))
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
