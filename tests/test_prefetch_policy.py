@@ -287,7 +287,8 @@ def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records
 def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monkeypatch):
     """The layer time and the verdicts resting on it carry over from one request to the next: where nothing pays, a
     second request puts every decode prediction off from its first token, where a new engine's first decode token,
-    with no layer time measured, predicts online; clear_cache starts over as a new engine."""
+    with no layer time measured, predicts online; clear_cache starts over as a new engine, its miss rate and
+    missing share too."""
     from evalsuite.engine.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
@@ -307,6 +308,9 @@ def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monk
         assert put_off_in_a_request() == every
         engine.clear_cache()
         assert driver.scheduler.layer_s is None and not driver.scheduler.put_off_all()
+        for layer in engine.layers:  # the emptied cache is expected to lack every candidate, as a new engine's
+            assert engine.miss_rate(layer.index) == 1.0
+            assert driver.scheduler.missing_share(layer.index) == [1.0] * engine.budget
 
 
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():

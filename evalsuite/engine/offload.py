@@ -339,9 +339,11 @@ class Engine(ExpertFetching):
 
     def clear_cache(self) -> None:
         """Start cold, as a new engine would: let copies in flight land, empty the expert cache, and drop
-        what prediction carried over (pending predictions and prefetches, the scheduler's layer timing and verdicts)."""
+        what prediction carried over (pending predictions and prefetches, the scheduler's layer timing and verdicts)
+        and what was read off the cache it empties (the miss rate, the share of candidates missing)."""
         if self.driver is not None:
             self.driver.forget()
+        self._decode_tally.clear()
         if self.cache is None:
             return
         for transfer in list(self.cache.transfers.values()):

@@ -126,11 +126,12 @@ class PrefetchScheduler(WorthTest):
         self._put_off_for.clear()
 
     def forget(self) -> None:
-        """Start as a new engine would (Engine.clear_cache): no layer time measured, no verdict standing; the
-        per-rank precisions are kept."""
+        """Start as a new engine would (Engine.clear_cache): no layer time measured, no verdict standing, nothing
+        known of what the emptied cache lacks (q); the per-rank precisions, the predictor's, are kept."""
         self.new_request()
         self.layer_s = self.wrap_s = None
         self._off_left.clear()
+        self.missing_recent.clear()
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
