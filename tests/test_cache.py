@@ -92,24 +92,26 @@ def test_a_host_cache_backs_its_slots_when_built():
     assert _resident_bytes() - before >= 0.9 * cache.slots.numel() * 4
 
 
-def test_a_victim_a_cancelled_moving_prefetch_lost_is_regretted_only_if_asked_for_before_the_next_placement():
-    """victim_regret: of the used experts whose slot a cancelled prefetch's copy had reached, the share asked for
-    again while the freed slot stood where they had been (before their pool placed anything else: that placement
-    would have evicted them anyway). A prefetch cancelled before its copy started gives its victim back: no loss."""
+def test_a_prefetch_s_victim_is_regretted_only_if_a_demand_load_asks_for_it_in_the_next_run_of_placements():
+    """victim_regret: of the used experts prefetches evicted, right guesses or wrong ones whose copy had started, the
+    share a demand load asked for in the first run of placements after the prefetch's (one layer's demand loads,
+    one prediction's prefetches): later, that run would have evicted it anyway, first in eviction order as it was.
+    A prefetch cancelled before its copy started gives its victim back: no sample."""
     cache = make(capacity=2)
     assert cache.victim_regret() == 0.0 and cache.spare(0) == 2  # free slots first: no used expert to lose
     use(cache, (0, 1)), use(cache, (0, 2))
-    assert cache.spare(0) == 0
-    cache.place((0, 3), prefetch=True)  # evicts (0, 1), the least recent
-    assert cache.spare(0) == 1  # the unconfirmed guess goes before a used expert
-    cache.withdraw((0, 3), untouched=False)  # its copy had started: (0, 1) is lost
-    use(cache, (0, 1))  # asked for before anything else was placed: it would have been a hit
+    assert cache.spare(1) == 0
+    cache.place((1, 3), prefetch=True)  # evicts (0, 1), the least recent
+    assert cache.spare(1) == 1  # the unconfirmed guess goes before a used expert
+    use(cache, (1, 3))  # a right guess: its victim stays evicted
+    use(cache, (0, 1))  # the next run asks for it: without the prefetch it would have been a hit
     assert (cache.victims_lost, cache.victims_regretted) == (1, 1) and cache.victim_regret() == 1 / 3
-    cache.place((0, 4), prefetch=True)  # evicts (0, 2)
-    cache.withdraw((0, 4), untouched=False)
-    use(cache, (0, 5))  # the next placement: it would have evicted (0, 2) anyway
-    use(cache, (0, 2))
+    cache.place((1, 4), prefetch=True)  # evicts (1, 3)
+    use(cache, (0, 5))  # the next run: layer 0's demand loads (the unconfirmed guess goes first)
+    use(cache, (1, 6))  # a run later: (1, 3) would have gone by now anyway
+    use(cache, (1, 3))
     assert (cache.victims_lost, cache.victims_regretted) == (2, 1)
-    cache.place((0, 6), prefetch=True)
-    assert cache.withdraw((0, 6), untouched=True) is not None  # given back, not lost
-    assert cache.victims_lost == 2
+    cache.place((0, 7), prefetch=True)
+    assert cache.withdraw((0, 7), untouched=True) is not None  # given back, not lost
+    use(cache, (1, 8)), use(cache, (0, 9))
+    assert cache.victims_lost == 2 and not cache.watched

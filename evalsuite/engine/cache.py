@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 import os
 import re
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 
@@ -79,7 +79,10 @@ class Pool:
         self.unconfirmed: OrderedDict = OrderedDict()  # prefetched, not yet used; oldest first
         self.order = ORDERS[policy](layers)
         self.resident = 0
-        self.placements = 0  # keys given a slot so far (ExpertCache.place)
+        # placements come in runs (a layer's demand loads, a prediction's prefetches): runs so far and what the
+        # current one places, (layer, prefetch), the clock of ExpertCache.victim_regret
+        self.runs, self.run_kind = 0, None
+        self.watching: deque = deque()  # (last run, victim key) of the victims watched, in order (victim_regret)
 
     def keys(self):
         """Every resident key, in no particular order."""
@@ -159,9 +162,9 @@ class ExpertCache:
         self.pins: dict = {}  # key -> pin count
         self.transfers: dict = {}  # key -> Transfer not yet known to have landed, in submission order
         self.victims: dict = {}  # prefetched key -> (the used expert it evicted, its memento), until settled
-        # victims a cancelled prefetch did not give back (its copy had reached the slot), and how many of them were
-        # asked for before their pool placed anything else, when they would still have been resident (victim_regret)
-        self.lost: dict = {}  # victim key -> its pool's placements when it was lost
+        # the used experts prefetches evicted, until the run of placements after their prefetch's has passed, and how
+        # many of them their pool then placed, and of those, placed by a demand load in that run (victim_regret)
+        self.watched: dict = {}  # victim key -> the last run of its pool in which asking for it is a regret
         self.victims_lost, self.victims_regretted = 0, 0
         self._version = 0  # changes whenever a victim choice could change
         self._plan: tuple | None = None  # the victim `can_place` found, for the `place` that follows
@@ -210,11 +213,9 @@ class ExpertCache:
         gets its slot back, at the eviction end it was taken from. Returns the expert given back."""
         victim, memento = self.victims.pop(key, (None, None))
         if not untouched or victim is None or victim in self.slot_of:
-            if victim is not None and victim not in self.slot_of:  # lost: it would be resident until the next place
-                self.lost[victim] = self.pools[key[0]].placements
-                self.victims_lost += 1
             self.forget(key)
             return None
+        self.watched.pop(victim, None)  # given back: it costs nothing
         pool = self.pools[key[0]]
         slot = self.slot_of.pop(key)
         pool.discard(key)
@@ -225,13 +226,36 @@ class ExpertCache:
         return victim
 
     def victim_regret(self) -> float:
-        """Of the used experts a cancelled prefetch took the slot of (its copy had started), the share asked for
-        before their pool placed anything else: a wrong prefetch that moves costs that miss. Placing the next key
-        would have evicted the victim anyway (it was first in eviction order; the cancelled prefetch's slot is
-        free instead), so only a use before it is lost. Counted from zero (REGRET_PRIOR losses, none regretted):
-        on tiny-qwen3-moe at 10-50 % none of 41 such victims was asked for in time, on tiny-qwen3-vl-moe at 25 %
-        (two slots a layer) 19 of 27, mostly the predicted layer's own expert of the token before."""
+        """Of the used experts prefetches evicted (not given back by a cancelled one), the share a demand load asked
+        for in the first run of its pool's placements after their prefetch's (placements come in runs: one layer's
+        demand loads, one prediction's prefetches): a prefetch, right or wrong, that takes a used expert's slot
+        costs that miss. Left in place, the victim was first in eviction order, so that run's first placement
+        would have evicted it unless the run was its own layer's demand loads and the router had picked it (a
+        demand load never evicts an expert its layer uses); any later and it would have gone anyway. Counted
+        from zero (REGRET_PRIOR victims, none regretted), each once placed again or its window has passed. On the
+        SD card at 25 %, a 32-token request: tiny-qwen3-vl-moe (one token's experts fill the cache, so a victim is
+        often an expert the layer about to run picks again) 3 of 7 victims with gate, 3-5 of 15 with the adapter
+        and the estimator; tiny-qwen3-moe 1-2 of 53-60. (Counted only for cancelled prefetches whose copy had
+        started, and only up to the pool's next placement, it learned from 3-6 victims a VL request.)"""
         return self.victims_regretted / (self.victims_lost + REGRET_PRIOR)
+
+    def _watch(self, pool: Pool, key, prefetch: bool) -> None:
+        """victim_regret's bookkeeping as `key` is placed: a new run of the pool's placements starts where the layer
+        placing changes, or from prefetches to demand loads or back, and closes the windows of the victims watched
+        before the last one; `key` may be a victim watched, placed again."""
+        kind = (key[0], prefetch)
+        if pool.run_kind != kind:
+            pool.runs += 1
+            pool.run_kind = kind
+            watching = pool.watching
+            while watching and watching[0][0] < pool.runs:
+                last, victim = watching.popleft()
+                if self.watched.get(victim) == last:  # not placed again in time, nor given back
+                    del self.watched[victim]
+                    self.victims_lost += 1
+        if self.watched.pop(key, None) is not None:  # within its window (else its window closed above)
+            self.victims_lost += 1
+            self.victims_regretted += not prefetch  # brought back by a prefetch: not a miss
 
     def spare(self, layer: int) -> int:
         """Slots a prefetch for `layer` may take without evicting a used expert: free ones and unconfirmed guesses."""
@@ -271,9 +295,7 @@ class ExpertCache:
         """Give `key` a slot (evicting if needed); returns (slot, evicted key or None). A prefetched
         key waits at the eviction end until `pin` confirms it."""
         pool = self.pools[key[0]]
-        if self.lost and self.lost.pop(key, None) == pool.placements:
-            self.victims_regretted += 1  # asked for while a cancelled prefetch's slot stood where it had been
-        pool.placements += 1
+        self._watch(pool, key, prefetch)
         evicted = None
         if not pool.free:
             evicted = self._victim(pool, key[0], protect, exclude, prefetch)
@@ -285,6 +307,8 @@ class ExpertCache:
             pool.free.append(self.slot_of.pop(evicted))
             if prefetch and not was_guess:  # a used expert: given back if this prefetch never writes its slot
                 self.victims[key] = (evicted, memento)
+                self.watched[evicted] = pool.runs + 1  # a regret if asked for by the next run (victim_regret)
+                pool.watching.append((pool.runs + 1, evicted))
         elif not prefetch:
             pool.order.serving(key[0])
         slot = pool.free.pop()

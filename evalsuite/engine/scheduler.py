@@ -36,18 +36,21 @@ cost(r)    a wrong prefetch still moving when its router decides is cancelled, a
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
            chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
            it is emulated, or the whole copy where that is shorter); one still queued or already
-           landed delays nothing. One whose copy has started has also taken a used expert's slot for
-           good (no free slot or unconfirmed guess to take): v, the share of such victims asked for
-           again before they would have been evicted anyway (ExpertCache.victim_regret, measured),
-           times what a hit saves (s, below), is lost with it (tiny-qwen3-vl-moe at 25 %, two slots a
-           layer: 19 of 27 victims; tiny-qwen3-moe at 10-50 %: none of 41). Every prefetch sent,
+           landed delays nothing. A prefetch that takes a used expert's slot (no free slot or unconfirmed
+           guess to take) keeps that expert out, right or wrong (wrong: once its copy has started; a
+           cancelled one that never wrote its slot gives the slot back): v, the share of such victims a
+           demand load asks for before they would have been evicted anyway (ExpertCache.victim_regret,
+           measured), times what a hit saves (s, below), is lost with it; a right guess whose victim
+           is asked for only moved a miss (tiny-qwen3-vl-moe at 25 %, one token's experts in the cache:
+           3-5 of 7-15 victims a request; tiny-qwen3-moe at 25 %: 1-2 of 53-60). Every prefetch sent,
            right or wrong, costs the compute thread what issuing, settling and cancelling one costs
            (c, measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
            replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):
-           (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d 10-15 us).
-rule       send a missing r when pm·saved(r) > (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (v·s only
-           where saved(r) > 0, its copy starting before the router decides); with `window=False`, send
-           the top `budget` regardless.
+           (1 − pm)·(chunk/2 + v·s) + pm·v·s + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d
+           10-15 us).
+rule       send a missing r when pm·(saved(r) − v·s) > (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (v·s
+           only past the spare slots, and the wrong guess's only where saved(r) > 0, its copy starting
+           before the router decides); with `window=False`, send the top `budget` regardless.
 
 worth      whether a prediction is made now or after its request: evalsuite.engine.worth.
 layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
@@ -251,10 +254,11 @@ class PrefetchScheduler(WorthTest):
         return chunk / 2, issue, issue if spared is None else spared
 
     def _victim_loss(self, layer: int, hit_saves: float) -> tuple[int, float]:
-        """What a wrong prefetch for `layer` loses beyond the link's time, once its copy has started: the used expert
-        whose slot it took, asked for again before its pool places anything else at the cache's measured rate
-        (ExpertCache.victim_regret), each such use a miss that stalls what a hit saves; and how many prefetches
-        lose none (`spare`: free slots and unconfirmed guesses go first)."""
+        """What a prefetch for `layer` loses beyond the link's time, right or wrong (wrong: once its copy has started,
+        else its victim is given back): the used expert whose slot it took, asked for again before it would have
+        been evicted anyway at the cache's measured rate (ExpertCache.victim_regret), each such use a miss that
+        stalls what a hit saves; and how many prefetches lose none (`spare`: free slots and unconfirmed guesses go
+        first)."""
         cache = self.engine.cache
         return cache.spare(layer), cache.victim_regret() * hit_saves
 
@@ -330,8 +334,9 @@ class PrefetchScheduler(WorthTest):
         for rank, e in missing:
             p = precision[rank]
             saved = min(hit_saves, max(0.0, lead - (ahead + len(wanted)) * t))
-            wrong = moving_s + (lost if saved > 0.0 and len(wanted) >= spare else 0.0)
-            if p * saved > (1 - p) * wrong + issue_s - p * spared_s:
+            victim = lost if len(wanted) >= spare else 0.0  # (a wrong one's only where its copy starts)
+            wrong = moving_s + (victim if saved > 0.0 else 0.0)
+            if p * (saved - victim) > (1 - p) * wrong + issue_s - p * spared_s:
                 wanted.append(e)
         if not wanted:
             return 0

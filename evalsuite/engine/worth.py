@@ -166,8 +166,9 @@ class WorthTest:
         before = 0.0  # candidates of this prediction sent before the next one, expected
         for p, q in zip(self.missing_precision(layer), self.missing_share(layer)):
             saved = min(hit_saves, max(0.0, lead - (ahead + before) * t))
-            wrong = moving_s + (lost if saved > 0.0 and before >= spare else 0.0)  # (see schedule)
-            spent = (1 - p) * wrong + issue_s - p * spared_s
+            victim = lost if before >= spare else 0.0  # (see schedule)
+            wrong = moving_s + (victim if saved > 0.0 else 0.0)
+            spent = (1 - p) * wrong + issue_s - p * spared_s + p * victim
             if p * saved > spent:  # the candidates it would send
                 saving += q * p * saved
                 waste += q * spent
