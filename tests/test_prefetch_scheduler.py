@@ -143,23 +143,28 @@ def test_a_wrong_guess_costs_half_a_chunk_of_the_link_s_own_time():
         worker.close()
 
 
+def sent_past_victims(regret, spare, seen, picked):
+    """What schedule sends for a layer whose rank 0 was picked `picked` of `seen` times, a copy hiding 0.3 s of 1 s,
+    with victims asked for again at `regret` and `spare` slots free of used experts."""
+    engine = FakeEngine()
+    engine.cache = SimpleNamespace(resident=lambda key: False, victim_regret=lambda: regret,
+                                   spare=lambda layer: spare)
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s = 0.3
+    s.seen[7], s.picked[7] = seen, [picked, 0]  # rank 0: (picked + 1) / (seen + 2)
+    s.schedule(1, candidates([3, 5]), h=1)
+    return engine.sent
+
+
 def test_a_wrong_guess_that_takes_a_used_expert_s_slot_is_charged_the_victims_asked_for_again():
     """A wrong prefetch whose copy starts takes a used expert's slot for good; the cache measures how often such a
     victim is asked for again while it would still have been resident (victim_regret), and each such use is a
     miss. At a precision of a half, a copy hiding 0.3 s pays against 5 ms (half a chunk) wasted; with every victim
     asked for again it would also lose what a hit saves (a whole 1 s copy here) half the time, and is not sent,
     unless a free slot or an unconfirmed guess can be taken instead of a used expert (`spare`)."""
-    sent = {}
-    for regret, spare in ((0.0, 0), (1.0, 0), (1.0, 1)):
-        engine = FakeEngine()
-        engine.cache = SimpleNamespace(resident=lambda key: False, victim_regret=lambda: regret,
-                                       spare=lambda layer: spare)
-        s = PrefetchScheduler(engine, budget=2)
-        s.layer_s = 0.3
-        s.seen[7], s.picked[7] = 2, [1, 0]  # rank 0: (1 + 1) / (2 + 2), right half the time
-        s.schedule(1, candidates([3, 5]), h=1)
-        sent[regret, spare] = engine.sent
-    assert sent == {(0.0, 0): [[3]], (1.0, 0): [], (1.0, 1): [[3]]}
+    assert sent_past_victims(0.0, 0, 2, 1) == [[3]]
+    assert sent_past_victims(1.0, 0, 2, 1) == []
+    assert sent_past_victims(1.0, 1, 2, 1) == [[3]]
 
 
 def test_a_right_guess_that_takes_a_used_expert_s_slot_is_charged_its_victim_too():
@@ -168,17 +173,9 @@ def test_a_right_guess_that_takes_a_used_expert_s_slot_is_charged_its_victim_too
     the rest. A guess right 90 % of the time that hides 0.3 s of a 1 s copy is sent while victims are asked for
     again a fifth of the time, not when half are (0.9 · (0.3 − 0.5) < 0, however sure), and always where a
     free slot or an unconfirmed guess can be taken instead."""
-    sent = {}
-    for regret, spare in ((0.2, 0), (0.5, 0), (0.5, 1)):
-        engine = FakeEngine()
-        engine.cache = SimpleNamespace(resident=lambda key: False, victim_regret=lambda: regret,
-                                       spare=lambda layer: spare)
-        s = PrefetchScheduler(engine, budget=2)
-        s.layer_s = 0.3
-        s.seen[7], s.picked[7] = 8, [8, 0]  # rank 0: (8 + 1) / (8 + 2)
-        s.schedule(1, candidates([3, 5]), h=1)
-        sent[regret, spare] = engine.sent
-    assert sent == {(0.2, 0): [[3]], (0.5, 0): [], (0.5, 1): [[3]]}
+    assert sent_past_victims(0.2, 0, 8, 8) == [[3]]
+    assert sent_past_victims(0.5, 0, 8, 8) == []
+    assert sent_past_victims(0.5, 1, 8, 8) == [[3]]
 
 
 def test_a_rank_the_router_never_confirms_is_not_sent():
