@@ -143,6 +143,23 @@ def test_bench_measures_every_case_and_checks_the_simulator_against_it(monkeypat
     assert len(cfg["traces"]["on-demand"].steps) == 4
 
 
+def test_a_warm_bench_measures_and_traces_each_engine_s_second_request(monkeypatch):
+    """--warm: each case's engine serves another prompt first and empties its cache; only the second request is
+    measured and traced, and trace-oracle replays a recording of both, so its measured predictions are right."""
+    served, greedy = [], bench.greedy
+    monkeypatch.setattr(bench, "greedy", lambda model, ids, *args: served.append(ids) or greedy(model, ids, *args))
+    result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "trace-oracle"], tokens=5, repeats=1,
+                         progress=False, warm=True)
+    cfg = result["configs"][0]
+    assert result["warm"] and len(cfg["rows"]) == 6
+    prompt = served[0]  # the reference's: the measured prompt
+    assert sum(not torch.equal(ids, prompt) for ids in served) == 6 + 1  # each case's engine, and the recording
+    for trace in cfg["traces"].values():
+        assert len(trace.steps) == 4 and [start for start, _ in trace.prefills] == [0]
+    oracle = [r for step in cfg["traces"]["router-preserving/trace-oracle"].steps for r in step if r.predicted]
+    assert oracle and all(set(r.predicted) == set(r.native) for r in oracle)
+
+
 def test_the_gap_closed_at_speed_compares_every_run_at_the_speed_of_the_bound_s_costs(monkeypatch):
     """The bound comes from the cost runs' clocks; a case run the machine computed at half their speed is
     compared with it at their speed (its stall as measured, the rest halved), not as its clock read."""

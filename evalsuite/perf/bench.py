@@ -30,7 +30,7 @@ from ..engine import offload
 from ..engine.modes import MODES
 from ..table import Column, format_table
 from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
-from .decode import bench_store, greedy, load_bench_model, whole
+from .decode import bench_store, greedy, load_bench_model, other_prompt, whole
 from .profiles import case_label
 from .simulate import PERFECT_PREFETCH, Costs, gap_closed, overlap_bound, simulate
 
@@ -88,13 +88,22 @@ def _artifact(case: Case, artifact, trace):
     return trace if case.predictor == "trace-oracle" else artifact
 
 
-def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None) -> dict:
+def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None, earlier=None) -> dict:
+    """One case's request on a fresh engine; with `earlier` (prompt ids), its second: the engine serves that one
+    first, then empties its cache (Engine.clear_cache), and only the second is measured and traced."""
     options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True, store=bench_store(model))
     if case.predictor is not None:
         options.update(predictor=case.predictor, artifact=_artifact(case, artifact, trace))
     if not MODES[case.mode].offloads:  # no cache, no link
         options = dict(mode=case.mode, trace=True)
     with offload(model, **options) as engine:
+        before = (0, 0)
+        if earlier is not None:
+            greedy(model, earlier, tokens)
+            engine.clear_cache()
+            engine.reset_stats()
+            served = engine.routing_trace()
+            before = (len(served.steps), len(served.prefills))
         probe = SpeedProbe(engine)
         out = greedy(model, ids, tokens, reference if case.forced else None)
         s = engine.stats()
@@ -104,7 +113,7 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
         prefetch_s = engine.prefetch_cost_s  # compute-thread seconds per prefetch issued (None: none issued)
         scheduler = engine.driver.scheduler if engine.driver is not None else None
         put_off_s = scheduler.put_off_s if scheduler is not None else None  # per prediction put off (None: none)
-        trace = engine.routing_trace()
+        trace = _since(engine.routing_trace(), *before)
         cache_experts = engine.cache.slots.shape[0] if engine.cache is not None else None
     new = slice(ids.shape[1], None)
     same = (out[:, new] == reference[:, new]).float().mean().item()  # greedy tokens equal to resident's
@@ -115,15 +124,26 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
             "stall_ms_per_token": s["stall_ms_per_token"], "bytes_per_token": s["bytes_per_token"]}
 
 
+def _since(trace, steps: int, prefills: int):
+    """`trace` without its first `steps` decode steps and `prefills` prefills (an earlier request's)."""
+    if not steps and not prefills:
+        return trace
+    return replace(trace, steps=trace.steps[steps:], prefills=[(i - steps, p) for i, p in trace.prefills[prefills:]])
+
+
 def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",
-                artifact=None, progress=True, prompt_tokens=16) -> dict:
-    """Everything `evalsuite bench` reports for one model, as a JSON-ready dict."""
+                artifact=None, progress=True, prompt_tokens=16, warm=False) -> dict:
+    """Everything `evalsuite bench` reports for one model, as a JSON-ready dict. `warm`: each case's engine
+    serves another request first (run_case)."""
     with tempfile.TemporaryDirectory(prefix="evalsuite-bench-") as workdir:
-        model, ids, _ = load_bench_model(spec, layers, device, workdir, prompt_tokens)
-        return _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress)
+        model, ids, tokenizer = load_bench_model(spec, layers, device, workdir, prompt_tokens)
+        earlier = other_prompt(model, tokenizer, ids) if warm else None
+        return _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress,
+                      earlier)
 
 
-def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress) -> dict:
+def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, device, artifact, progress,
+           earlier=None) -> dict:
     hybrid = artifact is not None and "estimator" in artifact.meta.get("predictors", ["estimator"])
     all_cases = cases(predictors, hybrid)
     with whole(model):
@@ -132,13 +152,14 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
     handoff = handoff_seconds(device)
     trace = None
     if any(c.predictor == "trace-oracle" for c in all_cases):
-        with offload(model, mode="resident", trace=True) as engine:  # two requests: the warm cost runs make two
-            for _ in range(2):
-                greedy(model, ids, tokens)
+        # two requests: the warm cost runs make two, and a warm case's engine serves `earlier` first
+        with offload(model, mode="resident", trace=True) as engine:
+            for prompt in (ids if earlier is None else earlier, ids):
+                greedy(model, prompt, tokens)
             trace = engine.routing_trace()
     predicting = [(c.label, c.mode, c.predictor, _artifact(c, artifact, trace)) for c in all_cases
                   if c.predictor is not None and c.forced]  # free-running costs what its twin does
-    result = {"model": spec, "tokens": tokens, "repeats": repeats, "engine_overhead": overhead,
+    result = {"model": spec, "tokens": tokens, "repeats": repeats, "warm": earlier is not None, "engine_overhead": overhead,
               "handoff_ms": handoff * 1e3, "configs": []}
     total = len(links) * len(capacities) * repeats * (len(all_cases) + 1)
     bar = tqdm(total=total, desc=f"bench {Path(spec).name}", disable=not progress)
@@ -151,7 +172,7 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
                 measured.append(measure_costs(model, ids, tokens, 1, predicting, artifact))
                 bar.update(1)
                 for case in rotated(all_cases, repeat):
-                    r = run_case(model, ids, tokens, case, link, capacity, artifact, reference, trace)
+                    r = run_case(model, ids, tokens, case, link, capacity, artifact, reference, trace, earlier)
                     if MODES[case.mode].exact and not torch.equal(r["out"], reference):
                         raise AssertionError(f"{case.label} changed the output: the engine is not exact here")
                     runs[case].append(r)
@@ -271,7 +292,8 @@ _COLUMNS = [("case", Column("case")), ("tpot_ms", Column("TPOT ms", ".2f")), ("v
 
 
 def format_result(result: dict) -> str:
-    lines = [f"model {result['model']}: {result['tokens']} new tokens, batch 1, median of {result['repeats']}",
+    warm = "; each case's engine warm (the measured request is its second)" if result.get("warm") else ""
+    lines = [f"model {result['model']}: {result['tokens']} new tokens, batch 1, median of {result['repeats']}{warm}",
              "engine overhead (resident engine / unmodified model, tokens/s): "
              f"{result['engine_overhead']['ratio']:.3f}; waking a thread that waits for a copy "
              f"{result['handoff_ms']:.3f} ms"]

@@ -37,7 +37,8 @@ def _db_rows(db_url, result: dict) -> int:
             for row in cfg["rows"]:
                 run_id = db.start_run({"model": result["model"], "mode": row["mode"], "predictor": row["predictor"],
                                        "cache_capacity": cfg["capacity"], "link": cfg["link"],
-                                       "kind": "bench", "case": row["case"], "tokens": result["tokens"]})
+                                       "kind": "bench", "case": row["case"], "tokens": result["tokens"],
+                                       "warm": result.get("warm", False)})
                 metrics = [{"metric": k, "value": row[k]} for k in
                            ("tpot_ms", "ttft_ms", "gap_closed", "gap_closed_at_speed", "simulated_tpot_ms", "sim_error")
                            if row[k] is not None]
@@ -69,7 +70,8 @@ def cmd_bench(args) -> int:
             print(f"{spec}: {', '.join(dropped)} need a calibrated model with a tokenizer; left out")
             predictors = [p for p in predictors if p not in dropped]
         result = bench_model(spec, links, capacities, predictors, tokens=args.tokens, repeats=args.repeats,
-                             layers=args.layers, device=args.device, artifact=artifact, prompt_tokens=args.prompt_tokens)
+                             layers=args.layers, device=args.device, artifact=artifact, prompt_tokens=args.prompt_tokens,
+                             warm=args.warm)
         name = Path(spec).name.replace(":", "-")
         for cfg in result["configs"]:
             for case_label, trace in cfg.pop("traces").items():
@@ -149,6 +151,10 @@ def add_commands(sub) -> None:
                    help="prompt length of a random-weight model (random tokens; a trained model answers a task)")
     b.add_argument("--calibration-epochs", type=int, default=30,
                    help="training epochs of the adapters and estimators (evalsuite calibrate's default)")
+    b.add_argument("--warm", action="store_true",
+                   help="each case's engine first serves another request, then empties its cache (what it learned of "
+                        "its predictor's precision stays), as an engine serving requests one after another; the "
+                        "second request is measured (default: a fresh engine's first)")
     b.add_argument("--device", default="cpu")
     b.add_argument("--threads", type=int, default=1, help="torch threads for compute")
     b.add_argument("--out", default="results/bench", help="bench.json, traces/ and profiles/ go here")

@@ -36,11 +36,21 @@ def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = 
     return model, ids.to(device), tokenizer
 
 
-def random_prompt(model, tokens: int) -> torch.Tensor:
+def random_prompt(model, tokens: int, seed: int = 0) -> torch.Tensor:
     """[1, tokens] random token ids (seeded) for a model without a tokenizer; a vision-language model's
     vocabulary is its text config's."""
     vocab = model.config.get_text_config().vocab_size
-    return torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(0))
+    return torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def other_prompt(model, tokenizer, like: torch.Tensor) -> torch.Tensor:
+    """A prompt other than load_bench_model's, on the same device: the next task item, or random ids of the same
+    length (a warm engine's earlier request, `evalsuite bench --warm`)."""
+    if tokenizer is None:
+        return random_prompt(model, like.shape[1], seed=1).to(like.device)
+    from ..taskgen.corpus import heldout_items
+
+    return torch.tensor([tokenizer(heldout_items("arith")[1]["prompt"])["input_ids"]]).to(like.device)
 
 
 def greedy(model, ids, tokens, forced: torch.Tensor | None = None) -> torch.Tensor:
