@@ -42,7 +42,7 @@ cost(r)    a wrong prefetch still moving when its router decides is cancelled, a
            demand load asks for before they would have been evicted anyway (ExpertCache.victim_regret,
            measured), times what a hit saves (s, below), is lost with it; a right guess whose victim
            is asked for only moved a miss (tiny-qwen3-vl-moe at 25 %, one token's experts in the cache:
-           3-5 of 7-15 victims a request; tiny-qwen3-moe at 25 %: 1-2 of 53-60). Every prefetch sent,
+           2-5 of 7-15 victims a request; tiny-qwen3-moe at 25 %: 1-2 of 53-84). Every prefetch sent,
            right or wrong, costs the compute thread what issuing, settling and cancelling one costs
            (c, measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
            replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):

@@ -88,7 +88,8 @@ def _artifact(case: Case, artifact, trace):
     return trace if case.predictor == "trace-oracle" else artifact
 
 
-def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None, earlier=None) -> dict:
+def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference, trace=None,
+             earlier=None) -> dict:
     """One case's request on a fresh engine; with `earlier` (prompt ids), its second: the engine serves that one
     first, then empties its cache (Engine.clear_cache), and only the second is measured and traced."""
     options = dict(mode=case.mode, cache_capacity=capacity, link=link, trace=True, store=bench_store(model))
@@ -159,7 +160,8 @@ def _bench(model, ids, spec, links, capacities, predictors, tokens, repeats, dev
             trace = engine.routing_trace()
     predicting = [(c.label, c.mode, c.predictor, _artifact(c, artifact, trace)) for c in all_cases
                   if c.predictor is not None and c.forced]  # free-running costs what its twin does
-    result = {"model": spec, "tokens": tokens, "repeats": repeats, "warm": earlier is not None, "engine_overhead": overhead,
+    result = {"model": spec, "tokens": tokens, "repeats": repeats, "warm": earlier is not None,
+              "engine_overhead": overhead,
               "handoff_ms": handoff * 1e3, "configs": []}
     total = len(links) * len(capacities) * repeats * (len(all_cases) + 1)
     bar = tqdm(total=total, desc=f"bench {Path(spec).name}", disable=not progress)
