@@ -4,7 +4,8 @@ On a fast link (pcie4) a tiny model's expert copies in ~0.02 ms and on-demand lo
 hundredths of a millisecond a token, so router-preserving TPOT over on-demand TPOT is the prediction
 driver's own work at every sparse layer, 1-3 % of a 3-4 ms token. `evalsuite bench` repeats are ~10 s
 each and their ranges span 0.7-1.6 on these machines, which cannot resolve that; this runs many short
-generations instead (a fresh engine each, 32 tokens), the cases interleaved in a rotating order, and
+generations instead (a fresh engine each, 32 tokens; with --warm its second request, after one of other
+random ids and an emptied cache), the cases interleaved in a rotating order, and
 reports per predictor the median over repeats of the ratio within a repeat, its interquartile range and
 a bootstrap 95 % confidence interval of that median (scipy.stats.bootstrap). A second on-demand case, run
 like the others, is reported the same way first: what the machine's noise alone makes of a ratio that is 1.
@@ -31,11 +32,17 @@ from evalsuite.perf.decode import greedy, random_prompt
 AGAIN = "on-demand again"  # the control case: on-demand, run as one more case
 
 
-def run_case(model, ids, tokens: int, capacity: float, link: str, predictor: str | None, artifact) -> float:
-    """Median TPOT (ms) of one fresh engine's greedy generation; traced, as the bench runs it."""
+def run_case(model, ids, tokens: int, capacity: float, link: str, predictor: str | None, artifact,
+             earlier=None) -> float:
+    """Median TPOT (ms) of one fresh engine's greedy generation; traced, as the bench runs it. With `earlier`
+    (prompt ids) the engine serves that request first and empties its cache (`evalsuite bench --warm`)."""
     options = dict(mode="on-demand") if predictor in (None, AGAIN) else dict(
         mode="router-preserving", predictor=predictor, artifact=artifact)
     with offload(model, cache_capacity=capacity, link=link, trace=True, **options) as engine:
+        if earlier is not None:
+            greedy(model, earlier, tokens)
+            engine.clear_cache()
+            engine.reset_stats()
         greedy(model, ids, tokens)
         return engine.stats()["tpot_ms"]["median"]
 
@@ -49,24 +56,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=20, help="calibration epochs for the trained predictors")
+    parser.add_argument("--warm", action="store_true", help="each engine serves another request first, as "
+                        "`evalsuite bench --warm`; the second is measured")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the second core serves the link, as in `evalsuite bench --threads 1`
     predictors = args.predictors.split(",")
     model, _ = load_model(args.model)
     ids = random_prompt(model, 16)  # (a vision-language model's vocabulary is its text config's)
+    earlier = random_prompt(model, 16, seed=1) if args.warm else None
     artifact, unserved = _calibrated(args.model, predictors, args.epochs)
     if unserved:
         raise SystemExit(f"{', '.join(unserved)} need a trained model to calibrate on: pass --predictors without them")
     cases = [None, AGAIN, *predictors]
     for capacity in [float(c) for c in args.capacities.split(",")]:
         tpot: dict = {case: [] for case in cases}
-        run_case(model, ids, args.tokens, capacity, args.link, None, artifact)  # warm-up, not counted
+        run_case(model, ids, args.tokens, capacity, args.link, None, artifact, earlier)  # warm-up, not counted
         for r in tqdm(range(args.repeats), desc=f"{args.link} {capacity:g}", leave=False):
             for case in cases[r % len(cases):] + cases[:r % len(cases)]:  # each case first as often
-                tpot[case].append(run_case(model, ids, args.tokens, capacity, args.link, case, artifact))
+                tpot[case].append(run_case(model, ids, args.tokens, capacity, args.link, case, artifact, earlier))
         on_demand = tpot[None]
         print(f"{args.link}, cache {capacity:g}: on-demand TPOT median {statistics.median(on_demand):.3f} ms "
-              f"over {args.repeats} repeats; router-preserving / on-demand within a repeat:")
+              f"over {args.repeats} repeats{', warm engines' if args.warm else ''}; router-preserving / on-demand "
+              "within a repeat:")
         for predictor in [AGAIN, *predictors]:
             ratios = np.array(tpot[predictor]) / np.array(on_demand)
             q1, q3 = np.quantile(ratios, [0.25, 0.75])
