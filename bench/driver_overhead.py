@@ -26,7 +26,7 @@ import evalsuite.predict  # noqa: F401  (registers the predictors)
 from evalsuite.engine import offload
 from evalsuite.generate import load_model
 from evalsuite.perf.cli import _calibrated
-from evalsuite.perf.decode import greedy, random_prompt
+from evalsuite.perf.decode import greedy, other_prompt, random_prompt, serve_earlier
 
 
 AGAIN = "on-demand again"  # the control case: on-demand, run as one more case
@@ -40,9 +40,7 @@ def run_case(model, ids, tokens: int, capacity: float, link: str, predictor: str
         mode="router-preserving", predictor=predictor, artifact=artifact)
     with offload(model, cache_capacity=capacity, link=link, trace=True, **options) as engine:
         if earlier is not None:
-            greedy(model, earlier, tokens)
-            engine.clear_cache()
-            engine.reset_stats()
+            serve_earlier(engine, model, earlier, tokens)
         greedy(model, ids, tokens)
         return engine.stats()["tpot_ms"]["median"]
 
@@ -63,7 +61,7 @@ def main() -> None:
     predictors = args.predictors.split(",")
     model, _ = load_model(args.model)
     ids = random_prompt(model, 16)  # (a vision-language model's vocabulary is its text config's)
-    earlier = random_prompt(model, 16, seed=1) if args.warm else None
+    earlier = other_prompt(model, None, ids) if args.warm else None  # (other random ids)
     artifact, unserved = _calibrated(args.model, predictors, args.epochs)
     if unserved:
         raise SystemExit(f"{', '.join(unserved)} need a trained model to calibrate on: pass --predictors without them")

@@ -146,8 +146,15 @@ def test_bench_measures_every_case_and_checks_the_simulator_against_it(monkeypat
 def test_a_warm_bench_measures_and_traces_each_engine_s_second_request(monkeypatch):
     """--warm: each case's engine serves another prompt first and empties its cache; only the second request is
     measured and traced, and trace-oracle replays a recording of both, so its measured predictions are right."""
+    from evalsuite.perf import decode
+
     served, greedy = [], bench.greedy
-    monkeypatch.setattr(bench, "greedy", lambda model, ids, *args: served.append(ids) or greedy(model, ids, *args))
+
+    def counted(model, ids, *args):
+        served.append(ids)
+        return greedy(model, ids, *args)
+    monkeypatch.setattr(bench, "greedy", counted)
+    monkeypatch.setattr(decode, "greedy", counted)  # (serve_earlier's)
     result = bench_model("tiny:qwen3_moe", ["ufs4"], [0.5], ["gate", "trace-oracle"], tokens=5, repeats=1,
                          progress=False, warm=True)
     cfg = result["configs"][0]

@@ -30,7 +30,7 @@ from ..engine import offload
 from ..engine.modes import MODES
 from ..table import Column, format_table
 from .costs import SpeedProbe, engine_overhead, handoff_seconds, measure_costs, scaled
-from .decode import bench_store, greedy, load_bench_model, other_prompt, whole
+from .decode import bench_store, greedy, load_bench_model, other_prompt, serve_earlier, whole
 from .profiles import case_label
 from .simulate import PERFECT_PREFETCH, Costs, gap_closed, overlap_bound, simulate
 
@@ -100,9 +100,7 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
     with offload(model, **options) as engine:
         before = (0, 0)
         if earlier is not None:
-            greedy(model, earlier, tokens)
-            engine.clear_cache()
-            engine.reset_stats()
+            serve_earlier(engine, model, earlier, tokens)
             served = engine.routing_trace()
             before = (len(served.steps), len(served.prefills))
         probe = SpeedProbe(engine)

@@ -43,6 +43,14 @@ def random_prompt(model, tokens: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, vocab, (1, tokens), generator=torch.Generator().manual_seed(seed))
 
 
+def serve_earlier(engine, model, prompt: torch.Tensor, tokens: int) -> None:
+    """Make `engine` a warm one (`evalsuite bench --warm`): it serves `prompt` greedily, then empties its cache
+    and its stats; what its scheduler learned of the predictor's precision stays (Engine.clear_cache)."""
+    greedy(model, prompt, tokens)
+    engine.clear_cache()
+    engine.reset_stats()
+
+
 def other_prompt(model, tokenizer, like: torch.Tensor) -> torch.Tensor:
     """A prompt other than load_bench_model's, on the same device: the next task item, or random ids of the same
     length (a warm engine's earlier request, `evalsuite bench --warm`)."""
