@@ -73,10 +73,12 @@ def test_speculative_traces_execute_the_prediction_and_keep_the_native_choice():
 
 
 def test_traces_round_trip_and_bad_files_are_refused(tmp_path):
-    trace = traced("on-demand")
+    trace = traced("router-preserving", "gate")
     trace.save(tmp_path / "t.json")
     again = RoutingTrace.load(tmp_path / "t.json")
     assert again.steps == trace.steps and again.layers == trace.layers
+    assert len(trace.prompts) == len(trace.prefills) == 1 and set(trace.prompts[0]) == set(trace.layers)
+    assert again.prompts == trace.prompts  # the prefill's rows scored, per sparse layer
     (tmp_path / "bad.json").write_text('{"layers": [1]')
     with pytest.raises(ValueError, match="not a routing trace"):
         RoutingTrace.load(tmp_path / "bad.json")

@@ -31,16 +31,19 @@ def test_shadows_score_each_predictor_as_its_own_router_preserving_run(model_typ
                                recall_k=[1, 2])
     for row in range(3):
         _generate(model, *_unpadded(ids, mask, row))
-    shadow_recall, _ = engine.take_shadows()
+    shadow_recall, sequences = engine.take_shadows()
     engine.close()
     for name in PREDICTORS:
         engine = evalsuite.offload(model, mode="router-preserving", predictor=name, artifact=artifact_for(model_type),
-                                   cache_capacity=0.5, recall_k=[1, 2])
+                                   cache_capacity=0.5, recall_k=[1, 2], trace=True)
         for row in range(3):
             _generate(model, *_unpadded(ids, mask, row))
         measured = engine.take_record().recall
+        prompts = engine.routing_trace().prompts
         engine.close()
         assert shadow_recall[name] == measured, name  # per sample and layer, exactly
+        # and the prompt's rows as the engine's scheduler learns from them (evalsuite.engine.prompt_precision)
+        assert [s.prompt[name] for s in sequences] == prompts and all(prompts), name
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "deepseek_v3"])
@@ -58,6 +61,7 @@ def test_a_left_padded_batch_records_what_each_row_alone_records(model_type):
     for row, (row_recall, (sequence,)) in enumerate(alone):
         assert together[row].prefill == sequence.prefill  # padding left out
         assert together[row].prefill_predicted == sequence.prefill_predicted
+        assert together[row].prompt == sequence.prompt and set(sequence.prompt) == {"gate", "quasi"}
         assert together[row].native == sequence.native
         assert together[row].predicted == sequence.predicted
         for name in ("gate", "quasi"):

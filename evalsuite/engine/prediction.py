@@ -30,6 +30,7 @@ import torch
 from .layer_state import LayerState
 from .metrics import token_recall
 from .modes import MODES
+from .prompt_precision import forward_rows
 from .put_off import Later, QuietToken
 from .scheduler import ranked
 from .taps import tap_input
@@ -112,6 +113,10 @@ class PredictionDriver:
         # rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
+        # a prefill's rows teach the scheduler the predictor's precision (evalsuite.engine.prompt_precision), where its
+        # scores are its inputs' alone (a row's then are what a decode step's would be)
+        self.learns_prompt = scheduler is not None and predictor.stateless and engine.cache is not None
+        self.prompt_first = None  # the running prefill's first sparse layer's routing (_score_prompt_first)
         self.speculating = MODES[mode].speculates
         self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
         if scheduler is not None:
@@ -190,6 +195,7 @@ class PredictionDriver:
             self.deferred = None
             if scheduler is not None and not decoding:
                 scheduler.new_request()
+            self.prompt_first = ids if self.learns_prompt and not decoding else None
         predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
         layer = self.layer_of[pos]
         chosen = None
@@ -207,9 +213,12 @@ class PredictionDriver:
             # the forward pass kept here: off the decode step's path); a prefill's by kind now
             if decoding:
                 self.current.setdefault(layer, []).append((predicted, ids, self.rows, forward.kinds))
-            elif forward.kinds is not None:
-                for k in self.recall_ks:
-                    forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
+            else:
+                if forward.kinds is not None:
+                    for k in self.recall_ks:
+                        forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
+                if self.learns_prompt:
+                    self._learn_prompt(layer, predicted[0], ids)
             if self.speculating and self.speculates(pos):
                 ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
                 weights = engine.family.route_weights(router, logits, ids)
@@ -229,6 +238,8 @@ class PredictionDriver:
         elif decoding:  # the next token's first sparse layer
             score, reads = self._score_next, ("x",)
         else:
+            if self.prompt_first is not None:
+                self._score_prompt_first(x)
             return replaced
         residual = self.residual.get(pos)
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
@@ -248,6 +259,24 @@ class PredictionDriver:
         else:
             self._predict(target, begun, score, LayerState(pos, x, residual, ids, weights))
         return replaced
+
+    def _learn_prompt(self, layer: int, scores: torch.Tensor, ids: torch.Tensor, shifted: bool = False) -> None:
+        """The prefill's per-row prediction `scores` for `layer`, routed `ids` (`shifted`: each row's are for the next
+        row's): the scheduler learns from them, and the trace keeps them (evalsuite.engine.prompt_precision)."""
+        rows = forward_rows(self.engine.forward, scores, ids, self.engine.budget, shifted)
+        if rows is not None:
+            self.scheduler.learn_prompt(layer, rows)
+            if self.engine.tracer is not None:
+                self.engine.tracer.prompt(layer, rows)
+
+    def _score_prompt_first(self, x: torch.Tensor) -> None:
+        """The prefill's last sparse layer (router input `x`): each row predicts the next row's first sparse layer, as
+        a decode token predicts the next token's; learn from that against the layer's routing."""
+        first, self.prompt_first = self.prompt_first, None
+        with torch.no_grad():
+            scores = self.predictor.next_token_scores(x)
+        if scores is not None:
+            self._learn_prompt(self.layer_of[0], scores, first, shifted=True)
 
     def _start_quiet(self, x, ids, weights) -> bool:
         """At a decode token's first sparse layer (router input `x`, its choice `ids`, `weights`): make the token

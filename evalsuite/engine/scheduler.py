@@ -26,7 +26,8 @@ pm(l, r)   the same over the rank-r candidates that were missing from the cache 
            prediction was scheduled: only those are ever sent, and they are the ones a predictor
            gets wrong most (what it gets right is mostly what the cache already holds), so with a
            large cache pm can be well below p (docs/performance.md, "The prefetch policy"). Shrunk
-           towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT.
+           towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT. The send rule shrinks it towards the
+           prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower (send_precision).
 q(l, r)    the share of recent scheduled predictions whose rank-r candidate was missing (about the last
            MISSING_MEMORY, each older one weighing 1 − 1/MISSING_MEMORY less), from PRIOR_WEIGHT
            predictions at the layer's decode miss rate (Engine.miss_rate) that fade the same way: what is
@@ -64,9 +65,11 @@ import time
 
 import torch
 
+from .prompt_precision import PromptOutcomes, PromptRows
 from .worth import WorthTest
 
 PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
+PROMPT_WEIGHT = 4.0  # decode predictions a layer's prompt rows count as, all together (send_precision)
 MISSING_MEMORY = 8  # scheduled predictions of a layer q mostly rests on (each older one weighs 1 - 1/8 less)
 MISS_MEMORY = 256  # put-off decode steps the stall per miss is fitted over (older ones fade)
 MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time
@@ -97,6 +100,8 @@ class PrefetchScheduler(WorthTest):
         self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
         self.missing_recent: dict[int, list[float]] = {}  # sparse layer -> [predictions, per rank missing], fading (q)
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
+        self.prompt: dict[int, PromptOutcomes] = {}  # sparse layer -> its prompts' rows scored, summed (learn_prompt)
+        self._send: dict[int, list[float]] = {}  # sparse layer -> send_precision(), until the next observe
         self.predict_s: float | None = None  # compute-thread seconds of one prediction made online (smoothed)
         self.put_off_s: float | None = None  # compute-thread seconds of one put off (smoothed)
         self._asked: dict[int, int] = {}  # sparse layer -> worth_predicting calls
@@ -287,8 +292,22 @@ class PrefetchScheduler(WorthTest):
                 recent[rank + 1] += 1.0
             self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
+        self._send.pop(layer, None)
         self._verdict.pop(layer, None)
         self._off_left.pop(layer, None)
+
+    def learn_prompt(self, layer: int, rows: PromptRows) -> None:
+        """A prompt's rows scored for `layer` (evalsuite.engine.prompt_precision), read for the rows the layer's
+        share of the cache holds (its pool's slots over the layers sharing it, over top-k): summed with earlier
+        prompts', they may lower the precision the send rule weighs (send_precision)."""
+        pool = self.engine.cache.pools[layer]
+        sharing = sum(other is pool for other in self.engine.cache.pools.values())
+        outcomes = rows.outcomes(max(1, round((len(pool.free) + pool.resident) / sharing / self._top_k_of[layer])))
+        if outcomes is None:
+            return
+        old = self.prompt.get(layer)
+        self.prompt[layer] = outcomes if old is None else old + outcomes
+        self._send.pop(layer, None)
 
     def precision(self, layer: int) -> list[float]:
         """Per rank, the smoothed share of past predictions for `layer` the router confirmed."""
@@ -305,6 +324,26 @@ class PrefetchScheduler(WorthTest):
             k = PRIOR_WEIGHT
             self._missing[layer] = [(h + k * p) / (m + k) for h, m, p in zip(picked, seen, self.precision(layer))]
         return self._missing[layer]
+
+    def send_precision(self, layer: int) -> list[float]:
+        """Per rank, the pm the send rule weighs: missing_precision, or where the prompts' rows (learn_prompt) show a
+        lower share of missing candidates picked (Laplace-smoothed), the decode's counts shrunk towards that share
+        at PROMPT_WEIGHT. Only lower: where the prompt raised it (the adapter on tiny-qwen3-vl-moe's layers after
+        the first, 0.98 against a half), nothing was gained. The worth test weighs missing_precision alone: a verdict
+        to put predictions off on the prompt's word would stop the decode's scoring that corrects it (a six-token
+        prompt's rows, 0 of 8 right, held a layer at 0.3 where decode showed 0.67)."""
+        if layer not in self._send:
+            decode, prompt = self.missing_precision(layer), self.prompt.get(layer)
+            if prompt is None:
+                self._send[layer] = decode
+            else:
+                seen = self.missing_seen.get(layer, [0] * self.budget)
+                picked = self.missing_picked.get(layer, [0] * self.budget)
+                k, p = PROMPT_WEIGHT, self.precision(layer)
+                shares = [(h + 1) / (m + 2) for h, m in zip(prompt.missing_picked, prompt.missing)]
+                self._send[layer] = [(h + k * share) / (m + k) if share < prior else pm
+                                     for h, m, share, prior, pm in zip(picked, seen, shares, p, decode)]
+        return self._send[layer]
 
     def missing_share(self, layer: int) -> list[float]:
         """Per rank, q: how often the candidate was missing when recently scheduled (before any, the layer's miss
@@ -328,7 +367,7 @@ class PrefetchScheduler(WorthTest):
         if not self.window or self.layer_s is None or t is None:
             return engine.prefetch(layer, [e for _, e in missing], keep=candidates)
         (moving_s, issue_s, spared_s), lead = self._costs(t), self.lead_s(target_pos, h)
-        precision, ahead = self.missing_precision(layer), engine.transfers.prefetches_queued()
+        precision, ahead = self.send_precision(layer), engine.transfers.prefetches_queued()
         wanted, hit_saves = [], self._hit_saves(t, layer)
         spare, lost = self._victim_loss(layer, hit_saves)
         for rank, e in missing:

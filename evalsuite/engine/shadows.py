@@ -27,6 +27,7 @@ import torch
 from .forward import Forward
 from .metrics import token_recall
 from .prediction import LayerState, recall_per_row
+from .prompt_precision import PromptRows, prompt_rows
 from .taps import tap_input
 from .trace import LayerRouting, RoutingTrace
 
@@ -41,6 +42,9 @@ class SequenceRouting:
     executed: list[list[list[int]]] = field(default_factory=list)
     predicted: dict[str, list[list[list[int] | None]]] = field(default_factory=dict)  # predictor -> step -> layer
     executed_by: str | None = None  # with row_predictors: the predictor its row group executed
+    # predictor -> sparse layer -> the prefill's rows scored (evalsuite.engine.prompt_precision), for the
+    # predictors whose scores are their inputs' alone (a fresh engine's scheduler learns from them)
+    prompt: dict[str, dict[int, PromptRows]] = field(default_factory=dict)
 
 
 class ShadowPredictions:
@@ -106,6 +110,11 @@ class ShadowPredictions:
                 step.scores[name][pos] = scores.pop(pos, None)
         else:
             request.prefill[pos] = request.per_row(ids, self.engine.layers[pos].num_experts)
+            if pos == 0:
+                request.first_ids = ids.detach()
+            for name, scores in request.prefill_scores.items():
+                if scores.get(pos) is not None:
+                    request.learn_prompt(name, self.engine.layers[pos].index, scores.pop(pos), ids, self.budget)
 
     def _predict(self, pos: int, x: torch.Tensor, output) -> None:
         request = self._request
@@ -116,11 +125,16 @@ class ShadowPredictions:
         if decoding:
             request.steps[-1].executed[pos] = ids.detach().clone()
         last = pos == len(self.engine.layers) - 1
-        if last and not decoding:
-            return  # a prefill predicts no next token (as the driver)
         state = LayerState(pos, x, self.residual.get(pos), ids, weights)
         with torch.no_grad():
             for name, predictor in self.predictors.items():
+                if last and not decoding:  # a prefill predicts no next token, but its rows score that (as the driver)
+                    if predictor.stateless and request.first_ids is not None:
+                        scores = predictor.next_token_scores(x)
+                        if scores is not None:
+                            request.learn_prompt(name, self.engine.layers[0].index, scores, request.first_ids,
+                                                 self.budget, shifted=True)
+                    continue
                 scores = predictor.next_token_scores(x) if last else predictor.scores(state, 1)
                 if scores is None:
                     continue
@@ -128,6 +142,8 @@ class ShadowPredictions:
                     request.pending[name][0 if last else pos + 1] = scores.detach()
                 else:
                     request.prefill_ranked[name][pos + 1] = request.ranked_per_row(scores, self.budget)
+                    if predictor.stateless:
+                        request.prefill_scores[name][pos + 1] = scores.detach()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Between decode steps, the running request's batch keeps only its rows `index` (positions in it): the
@@ -202,6 +218,8 @@ class ShadowPredictions:
             sequence.predicted = {name: [[None if layer is None else layer[j] for layer in step]
                                          for j, step in zip(at, d)] for name, d in depth.items()}
             sequence.executed_by = self._group(row, request.rows)
+            sequence.prompt = {name: {layer: rows[row] for layer, rows in per_layer.items() if rows[row] is not None}
+                               for name, per_layer in request.prompt.items()}
             self.sequences.append(sequence)
 
     def _group(self, row: int, rows: int) -> str | None:
@@ -252,6 +270,9 @@ class _Request:
         self.rows, self.mask = rows, attention_mask
         self.prefill: list = [None] * layers  # per layer: [rows, experts] bool, used by the row's own tokens
         self.prefill_ranked = {name: [None] * layers for name in names}
+        self.prefill_scores = {name: {} for name in names}  # predictor -> position -> its prefill scores, until routed
+        self.first_ids: torch.Tensor | None = None  # the prefill's first sparse layer's routing
+        self.prompt: dict = {name: {} for name in names}  # predictor -> layer -> per row its PromptRows (or None)
         self.pending = {name: {} for name in names}  # predictor -> target position -> scores
         self.steps: list[_Step] = []
         self.alive: torch.Tensor | None = None  # its rows still in the batch (keep_rows), None: all
@@ -275,6 +296,14 @@ class _Request:
         used[rows[real], tokens[real]] = True
         return used
 
+    def learn_prompt(self, name: str, layer: int, scores: torch.Tensor, ids: torch.Tensor, budget: int,
+                     shifted: bool = False) -> None:
+        """Each row's prefill rows scored for `layer` (PredictionDriver._learn_prompt, one sequence at a time)."""
+        tokens_ids = self._tokens(ids)
+        real = self._real(tokens_ids)
+        self.prompt[name][layer] = [prompt_rows(row_scores, row_ids, budget, 1, row_real[None], shifted)
+                                    for row_scores, row_ids, row_real in zip(self._tokens(scores), tokens_ids, real)]
+
     def ranked_per_row(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """Per row, the candidates `scheduler.ranked` gives a batch-1 prefill of that row: [rows, budget]."""
         tokens = self._tokens(scores).float()  # [rows, T, E]
@@ -294,6 +323,7 @@ def routing_trace(sequences: list[SequenceRouting], predictor: str | None, layer
     for sequence in sequences:
         trace.prefills.append((len(trace.steps), sequence.prefill))
         prefill_predicted.append(sequence.prefill_predicted.get(predictor) if predictor else None)
+        trace.prompts.append(sequence.prompt.get(predictor) or None if predictor else None)
         predicted = sequence.predicted.get(predictor) if predictor else None
         for i, native in enumerate(sequence.native):
             trace.steps.append([LayerRouting(sorted(n), sequence.executed[i][pos] and sorted(sequence.executed[i][pos]),

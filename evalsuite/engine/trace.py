@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .forward import Forward
 from .metrics import ranked_recall
+from .prompt_precision import PromptRows
 
 VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
 
@@ -41,11 +42,15 @@ class RoutingTrace:
     # per request: (index of its first decode step, experts its prefill ran per sparse layer);
     # the prefill leaves those experts in the cache, which the simulator must know
     prefills: list = field(default_factory=list)
+    # per request (where recorded), its prefill's rows scored per sparse layer, {layer: PromptRows}: what the
+    # scheduler learns of the predictor's precision before decoding (evalsuite.engine.prompt_precision)
+    prompts: list = field(default_factory=list)
 
     def save(self, path) -> None:
         data = {"version": VERSION, "layers": self.layers, "experts": self.experts, "top_k": self.top_k,
                 "meta": self.meta, "steps": [[asdict(r) for r in step] for step in self.steps],
-                "prefills": self.prefills}
+                "prefills": self.prefills,
+                "prompts": [None if p is None else {str(l): r.to_json() for l, r in p.items()} for p in self.prompts]}
         Path(path).write_text(json.dumps(data))
 
     @classmethod
@@ -55,6 +60,8 @@ class RoutingTrace:
             steps = [[LayerRouting(**r) for r in step] for step in data["steps"]]
             trace = cls(data["layers"], int(data["experts"]), int(data["top_k"]), steps, data.get("meta", {}),
                         [(int(start), [list(e) for e in per_layer]) for start, per_layer in data.get("prefills", [])])
+            trace.prompts = [None if p is None else {int(l): PromptRows.from_json(r) for l, r in p.items()}
+                             for p in data.get("prompts", [])]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a routing trace ({exc}); record one with "
                              "`evalsuite bench --traces DIR` or offload(..., trace=True)") from exc
@@ -100,6 +107,7 @@ class TraceRecorder:
         self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
         self._step: dict[int, LayerRouting] | None = None
         self._prefill: dict[int, list[int]] | None = None
+        self._prompt: dict[int, PromptRows] = {}  # the running prefill's rows scored per sparse layer
         self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
 
     def forward_started(self, forward: Forward) -> None:
@@ -136,6 +144,11 @@ class TraceRecorder:
         else:
             routing.predicted = ranked
 
+    def prompt(self, layer: int, rows: PromptRows) -> None:
+        """The running prefill's rows scored for `layer` (evalsuite.engine.prompt_precision)."""
+        if self._prefill is not None:
+            self._prompt[layer] = rows
+
     def _routing(self, layer: int) -> LayerRouting:
         """The running step's record of `layer`, made at its first use (these run at every layer: a record
         made as a default argument, and dropped, cost each call a dataclass)."""
@@ -149,7 +162,9 @@ class TraceRecorder:
             self.trace.steps.append([self._step[l] for l in self.trace.layers])
         if self._prefill and len(self._prefill) == len(self.trace.layers):
             self.trace.prefills.append((len(self.trace.steps), [self._prefill[l] for l in self.trace.layers]))
+            self.trace.prompts.append(self._prompt or None)
         self._step = self._prefill = None
+        self._prompt = {}
 
     def result(self) -> RoutingTrace:
         self._flush()

@@ -108,9 +108,10 @@ class Replay:
             prefills.insert(0, (0, None))
         predicted = self.trace.meta.get("prefill_predicted") or []
         predicted = [None] * (len(prefills) - len(predicted)) + list(predicted)  # aligned with the prefills
+        prompts = [None] * (len(prefills) - len(self.trace.prompts)) + list(self.trace.prompts)
         ends = [start for start, _ in prefills[1:]] + [len(steps)]
-        for (start, prefill), ranked, end in zip(prefills, predicted, ends):
-            self._new_request(prefill, ranked)
+        for (start, prefill), ranked, prompt, end in zip(prefills, predicted, prompts, ends):
+            self._new_request(prefill, ranked, prompt)
             begun = self.t
             for index in range(start, end):
                 self._step(steps[index], steps[index + 1] if index + 1 < end else None)
@@ -152,9 +153,11 @@ class Replay:
             self.put_offs += 1
         self._weights_in_order(self.trace.layers[pos], sorted(routing.native))
 
-    def _new_request(self, prefill, predicted) -> None:
+    def _new_request(self, prefill, predicted, prompt=None) -> None:
         """A new request: prediction starts clean; its prefill runs outside the timed decode, and the
-        link finishes what the prefill started before the first decode step."""
+        link finishes what the prefill started before the first decode step. Where the trace holds its rows
+        scored (`prompt`), the scheduler learns from each layer's where the engine's did: at the layer's router,
+        and the first layer's at the last one's."""
         self.pending, self.deferred = {}, None
         if self.scheduler is not None:
             self.scheduler.new_request()
@@ -162,10 +165,15 @@ class Replay:
             return
         begun = self.t
         self.prefilling, self.counters = True, self.prefill
+        learns = self.scheduler is not None and prompt is not None
         for pos, (layer, experts) in enumerate(zip(self.trace.layers, prefill)):
             self._spend(self.costs.dense_s)
+            if learns and pos > 0 and layer in prompt:
+                self.scheduler.learn_prompt(layer, prompt[layer])
             if self.scheduler is not None:
                 self._settle_prefetches(layer, set(experts))
+            if learns and pos == len(prefill) - 1 and self.trace.layers[0] in prompt:
+                self.scheduler.learn_prompt(self.trace.layers[0], prompt[self.trace.layers[0]])
             following = predicted[pos + 1] if predicted and pos + 1 < len(prefill) else None
             if self.predicting and following:  # the prompt's prediction for the next layer (shadow traces)
                 self.deferred = (pos + 1, list(following[: self.budget]))
