@@ -110,6 +110,15 @@ def test_the_replay_learns_from_the_prompt_as_the_engine_did():
     replay = Replay(trace, COSTS, capacity, "router-preserving", trace.top_k, True, "lru")
     replay.run()
     assert replay.scheduler.prompt == learned
+    # a resident run's trace holds them too, so every mode replays from it; perfect prediction learns nothing
+    with evalsuite.offload(model, mode="resident", predictor="gate", trace=True) as engine, torch.no_grad():
+        for _ in range(2):
+            model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        resident = engine.routing_trace()
+    assert resident.prompts == trace.prompts
+    perfect = Replay(resident, COSTS, capacity, "perfect-prefetch", trace.top_k, True, "lru")
+    perfect.run()
+    assert perfect.scheduler.prompt == {}
 
 
 def test_a_predictor_that_follows_its_run_learns_nothing_from_the_prompt():

@@ -113,9 +113,9 @@ class PredictionDriver:
         # rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
-        # a prefill's rows teach the scheduler the predictor's precision (evalsuite.engine.prompt_precision), where its
-        # scores are its inputs' alone (a row's then are what a decode step's would be)
-        self.learns_prompt = scheduler is not None and predictor.stateless and engine.cache is not None
+        # a prefill's rows are predictions scored: the scheduler learns from them and the trace keeps them
+        # (evalsuite.engine.prompt_precision), where the predictor's scores are its inputs' alone
+        self.prompt_rows = False  # whether the running prefill's rows are scored
         self.prompt_first = None  # the running prefill's first sparse layer's routing (_score_prompt_first)
         self.speculating = MODES[mode].speculates
         self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
@@ -195,7 +195,9 @@ class PredictionDriver:
             self.deferred = None
             if scheduler is not None and not decoding:
                 scheduler.new_request()
-            self.prompt_first = ids if self.learns_prompt and not decoding else None
+            self.prompt_rows = (not decoding and self.predictor.stateless
+                                and ((scheduler is not None and engine.cache is not None) or engine.tracer is not None))
+            self.prompt_first = ids if self.prompt_rows else None
         predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
         layer = self.layer_of[pos]
         chosen = None
@@ -217,7 +219,7 @@ class PredictionDriver:
                 if forward.kinds is not None:
                     for k in self.recall_ks:
                         forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
-                if self.learns_prompt:
+                if self.prompt_rows:
                     self._learn_prompt(layer, predicted[0], ids)
             if self.speculating and self.speculates(pos):
                 ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
@@ -264,10 +266,12 @@ class PredictionDriver:
         """The prefill's per-row prediction `scores` for `layer`, routed `ids` (`shifted`: each row's are for the next
         row's): the scheduler learns from them, and the trace keeps them (evalsuite.engine.prompt_precision)."""
         rows = forward_rows(self.engine.forward, scores, ids, self.engine.budget, shifted)
-        if rows is not None:
+        if rows is None:
+            return
+        if self.scheduler is not None and self.engine.cache is not None:
             self.scheduler.learn_prompt(layer, rows)
-            if self.engine.tracer is not None:
-                self.engine.tracer.prompt(layer, rows)
+        if self.engine.tracer is not None:
+            self.engine.tracer.prompt(layer, rows)
 
     def _score_prompt_first(self, x: torch.Tensor) -> None:
         """The prefill's last sparse layer (router input `x`): each row predicts the next row's first sparse layer, as

@@ -165,7 +165,7 @@ class Replay:
             return
         begun = self.t
         self.prefilling, self.counters = True, self.prefill
-        learns = self.scheduler is not None and prompt is not None
+        learns = self.scheduler is not None and prompt is not None and not self.perfect  # (the trace's predictor's)
         for pos, (layer, experts) in enumerate(zip(self.trace.layers, prefill)):
             self._spend(self.costs.dense_s)
             if learns and pos > 0 and layer in prompt:
