@@ -163,8 +163,10 @@ def test_a_warm_bench_measures_and_traces_each_engine_s_second_request(monkeypat
     assert result["warm"] and len(cfg["rows"]) == 6
     prompt = served[0]  # the reference's: the measured prompt
     assert sum(not torch.equal(ids, prompt) for ids in served) == 6 + 1  # each case's engine, and the recording
-    for trace in cfg["traces"].values():
+    for name, trace in cfg["traces"].items():
         assert len(trace.steps) == 4 and [start for start, _ in trace.prefills] == [0]
+        # the measured request's prompt rows alone, for a predictor that learns from them (not trace-oracle)
+        assert len(trace.prompts) == 1 and (trace.prompts[0] is not None) == ("/gate" in name), name
     oracle = [r for step in cfg["traces"]["router-preserving/trace-oracle"].steps for r in step if r.predicted]
     assert oracle and all(set(r.predicted) == set(r.native) for r in oracle)
 

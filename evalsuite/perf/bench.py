@@ -124,10 +124,12 @@ def run_case(model, ids, tokens, case: Case, link, capacity, artifact, reference
 
 
 def _since(trace, steps: int, prefills: int):
-    """`trace` without its first `steps` decode steps and `prefills` prefills (an earlier request's)."""
+    """`trace` without its first `steps` decode steps and `prefills` prefills (an earlier request's), and their
+    prompts' rows scored."""
     if not steps and not prefills:
         return trace
-    return replace(trace, steps=trace.steps[steps:], prefills=[(i - steps, p) for i, p in trace.prefills[prefills:]])
+    return replace(trace, steps=trace.steps[steps:], prefills=[(i - steps, p) for i, p in trace.prefills[prefills:]],
+                   prompts=trace.prompts[prefills:])
 
 
 def bench_model(spec, links, capacities, predictors, tokens=16, repeats=5, layers=2, device="cpu",

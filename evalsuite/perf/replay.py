@@ -108,7 +108,7 @@ class Replay:
             prefills.insert(0, (0, None))
         predicted = self.trace.meta.get("prefill_predicted") or []
         predicted = [None] * (len(prefills) - len(predicted)) + list(predicted)  # aligned with the prefills
-        prompts = [None] * (len(prefills) - len(self.trace.prompts)) + list(self.trace.prompts)
+        prompts = ([None] * len(prefills) + list(self.trace.prompts))[len(self.trace.prompts):]  # aligned the same way
         ends = [start for start, _ in prefills[1:]] + [len(steps)]
         for (start, prefill), ranked, prompt, end in zip(prefills, predicted, prompts, ends):
             self._new_request(prefill, ranked, prompt)
