@@ -278,7 +278,8 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
     experts, top_k = layers[0].num_experts, layers[0].top_k
     meta = {"expert_bytes": engine.layout.nbytes, "budget": engine.budget}
     sequences = [replace(s, prefill_predicted={k: v for k, v in s.prefill_predicted.items() if k == predictor},
-                         predicted={k: v for k, v in s.predicted.items() if k == predictor})
+                         predicted={k: v for k, v in s.predicted.items() if k == predictor},
+                         prompt={k: v for k, v in s.prompt.items() if k == predictor})
                  for s in shadows.sequences if s.executed_by in (None, predictor)]
     # what the replay reads, and no more, goes to the replay process: this run's rows, its predictor's candidates
     capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
