@@ -82,6 +82,14 @@ def test_the_prompt_only_lowers_what_the_send_rule_weighs():
     assert s.send_precision(7)[0] > 0.9
 
 
+def test_ranks_the_prompt_did_not_score_keep_the_decode_s_precision():
+    engine = FakeEngine()
+    engine.cache.pools = {7: SimpleNamespace(free=[], resident=2)}
+    s = PrefetchScheduler(engine, budget=2)
+    s.learn_prompt(7, PromptRows(list(range(1, 21)), [[False]] * 20, [[0]] * 20))  # one rank, never right
+    assert s.send_precision(7) == [1 / 22, 0.5]
+
+
 def test_the_layer_s_share_of_the_cache_says_how_many_rows_it_holds():
     pool = SimpleNamespace(free=[0] * 2, resident=6)  # 8 slots shared by two layers: 4 each, 2 rows of top-2
     engine = FakeEngine()

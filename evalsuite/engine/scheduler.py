@@ -341,6 +341,7 @@ class PrefetchScheduler(WorthTest):
                 picked = self.missing_picked.get(layer, [0] * self.budget)
                 k, p = PROMPT_WEIGHT, self.precision(layer)
                 shares = [(h + 1) / (m + 2) for h, m in zip(prompt.missing_picked, prompt.missing)]
+                shares += [1.0] * (self.budget - len(shares))  # (ranks the prompt did not score: the decode's)
                 self._send[layer] = [(h + k * share) / (m + k) if share < prior else pm
                                      for h, m, share, prior, pm in zip(picked, seen, shares, p, decode)]
         return self._send[layer]
