@@ -376,6 +376,31 @@ def test_what_is_missing_is_read_from_the_recent_predictions():
     assert not s.worth_predicting(1, 1)
 
 
+def test_the_missing_share_s_prior_follows_the_miss_rate_as_it_falls():
+    """A new engine's first decode token misses every use (miss rate 1), and its cache then holds what the
+    predictor names: later candidates are all cached while the miss rate falls. q's prior is read at the rate as it
+    stands, so a few predictions on it is near the rate, and the prediction is no longer worth making; a prior
+    frozen at the first prediction's rate read a third of the candidates missing four predictions on (the VL model
+    at a 50 % cache kept predicting online for nothing)."""
+    engine = FakeEngine()
+    engine.cache = SimpleNamespace(resident=lambda key: True, victim_regret=lambda: 0.0, spare=lambda layer: 0)
+    rate = {"now": 1.0}
+    engine.miss_rate = lambda layer: rate["now"]
+    s = PrefetchScheduler(engine, budget=2)
+    s.layer_s, s.predict_s = 10.0, 0.2
+    for miss in (1.0, 0.3, 0.1, 0.05):
+        rate["now"] = miss
+        made = candidates([3, 5])
+        s.schedule(1, made, h=1)
+        s.observe(7, made, {3, 5})
+    prior = 2 * (7 / 8) ** 4  # PRIOR_WEIGHT predictions, faded four times
+    predictions = prior + sum((7 / 8) ** i for i in range(4))
+    assert s.missing_share(7) == pytest.approx([0.05 * prior / predictions] * 2)
+    assert not s.worth_predicting(1, 1)
+    rate["now"] = 1.0  # the cache emptied (as Engine.clear_cache leaves it): the prior reads every candidate missing
+    assert s.missing_share(7) == pytest.approx([prior / predictions] * 2)
+
+
 def test_the_worth_test_queues_only_the_candidates_that_are_sent():
     """A prediction whose first candidate is always cached and second always missing and right, with a copy
     longer than the lead: schedule sends the second at once (nothing is queued before it), which hides most

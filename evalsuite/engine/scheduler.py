@@ -30,9 +30,12 @@ pm(l, r)   the same over the rank-r candidates that were missing from the cache 
            prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower (send_precision).
 q(l, r)    the share of recent scheduled predictions whose rank-r candidate was missing (about the last
            MISSING_MEMORY, each older one weighing 1 − 1/MISSING_MEMORY less), from PRIOR_WEIGHT
-           predictions at the layer's decode miss rate (Engine.miss_rate) that fade the same way: what is
-           missing follows the cache, which turns over in a request's first tokens (the predictor's
-           precision does not, and p and pm keep every observation).
+           predictions that fade the same way, each read at the layer's decode miss rate as it stands
+           (Engine.miss_rate): what is missing follows the cache, which turns over in a request's first
+           tokens (the predictor's precision does not, and p and pm keep every observation). A prior
+           frozen at the rate of its first prediction held a new engine's q at its first token's rate, 1:
+           tiny-qwen3-vl-moe at a 50 % cache, none of its later candidates missing, read 0.1-0.2 at token
+           ten and kept predicting online for nothing.
 cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
            wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
            chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
@@ -99,6 +102,7 @@ class PrefetchScheduler(WorthTest):
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
         self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
         self.missing_recent: dict[int, list[float]] = {}  # sparse layer -> [predictions, per rank missing], fading (q)
+        self.missing_prior: dict[int, float] = {}  # sparse layer -> the prior's weight in missing_recent, fading (q)
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.prompt: dict[int, PromptOutcomes] = {}  # sparse layer -> its prompts' rows scored, summed (learn_prompt)
         self._send: dict[int, list[float]] = {}  # sparse layer -> send_precision(), until the next observe
@@ -140,6 +144,7 @@ class PrefetchScheduler(WorthTest):
         self.layer_s = self.wrap_s = None
         self._off_left.clear()
         self.missing_recent.clear()
+        self.missing_prior.clear()
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
@@ -279,12 +284,13 @@ class PrefetchScheduler(WorthTest):
             seen = self.missing_seen.setdefault(layer, [0] * self.budget)
             picked = self.missing_picked.setdefault(layer, [0] * self.budget)
             recent = self.missing_recent.get(layer)
-            if recent is None:  # from PRIOR_WEIGHT predictions at the layer's miss rate, which fade as the rest do
-                miss = self.engine.miss_rate(layer)
-                recent = self.missing_recent[layer] = [PRIOR_WEIGHT] + [PRIOR_WEIGHT * miss] * self.budget
+            if recent is None:  # from PRIOR_WEIGHT predictions, which fade as the rest do (missing_share)
+                recent = self.missing_recent[layer] = [PRIOR_WEIGHT] + [0.0] * self.budget
+                self.missing_prior[layer] = PRIOR_WEIGHT
             keep = 1.0 - 1.0 / MISSING_MEMORY
             for i, weight in enumerate(recent):
                 recent[i] = weight * keep
+            self.missing_prior[layer] *= keep
             recent[0] += 1.0
             for rank, e in scheduled[1]:
                 seen[rank] += 1
@@ -347,12 +353,13 @@ class PrefetchScheduler(WorthTest):
         return self._send[layer]
 
     def missing_share(self, layer: int) -> list[float]:
-        """Per rank, q: how often the candidate was missing when recently scheduled (before any, the layer's miss
-        rate)."""
-        recent = self.missing_recent.get(layer)
+        """Per rank, q: how often the candidate was missing when recently scheduled, its prior's predictions each
+        missing at the layer's miss rate now (before any, that rate)."""
+        recent, miss = self.missing_recent.get(layer), self.engine.miss_rate(layer)
         if recent is None:
-            return [self.engine.miss_rate(layer)] * self.budget
-        return [m / recent[0] for m in recent[1:]]
+            return [miss] * self.budget
+        prior = self.missing_prior[layer] * miss
+        return [(m + prior) / recent[0] for m in recent[1:]]
 
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
