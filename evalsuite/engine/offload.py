@@ -15,7 +15,8 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterfac
 
 from . import arch
 from .metrics import Counters, EngineRecord
-from .prediction import PREDICTORS, PredictionDriver, RowGroups, experts_in
+from .prediction import PREDICTORS, PredictionDriver, experts_in
+from .row_groups import RowGroups
 
 from .cache import ExpertCache, capacity_in_experts, check_fits
 from .fetching import ExpertFetching, fading_keep
@@ -89,7 +90,7 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
                     (evalsuite.engine.shadows): `take_shadows()`.
     row_predictors  speculative or hybrid with several predictors in one generation: the batch's rows fall in
                     equal groups, in order, group g predicted by row_predictors[g] (and, with shadows, scored
-                    for that predictor alone); see evalsuite.engine.prediction.RowGroups.
+                    for that predictor alone); see evalsuite.engine.row_groups.
     keep_experts    every expert stays in the model (nothing offloaded, no cache, no link): a speculative
                     or hybrid engine then substitutes experts with the model's own kernel, for
                     accuracy alone (its decisions are per token, so the cache changes no token).

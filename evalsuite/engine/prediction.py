@@ -32,6 +32,7 @@ from .metrics import token_recall
 from .modes import MODES
 from .prompt_precision import forward_rows
 from .put_off import Later, QuietToken
+from .request_recall import score_request
 from .scheduler import ranked
 from .taps import tap_input
 
@@ -52,41 +53,6 @@ PREDICTORS: dict[str, PredictorKind] = {}
 
 def register_predictor(name: str, build: Callable, load: Callable) -> None:
     PREDICTORS[name] = PredictorKind(build, load)
-
-
-class RowGroups:
-    """Several predictors over one batch (offload(..., row_predictors=[...])): the batch's rows fall in
-    len(predictors) equal groups, in order, and group g's tokens are scored by predictors[g] from their
-    own states. A speculative decision is per token, so one generation then speculates with every
-    predictor, each row as its own run would (only predictors that read a token's own states alone)."""
-
-    def __init__(self, predictors: list, rows: Callable[[], int]):
-        self.predictors, self.rows = predictors, rows  # rows(): the running forward pass's batch rows
-        self.name = "+".join(p.name for p in predictors)
-        self.reads = tuple(dict.fromkeys(r for p in predictors for r in p.reads))
-        self.horizons = tuple(h for h in predictors[0].horizons if all(h in p.horizons for p in predictors))
-        self.stateless = True
-
-    def _groups(self, t: torch.Tensor | None) -> list:
-        """[rows * tokens, ...] -> each group's [rows / groups * tokens, ...] (rows come first)."""
-        groups, rows = len(self.predictors), self.rows()
-        if rows % groups:
-            raise ValueError(f"row_predictors: a batch of {rows} rows does not fall in {groups} equal groups "
-                             f"(give every group the same rows: repeat the batch {groups} times)")
-        return [None] * groups if t is None else list(t.reshape(groups, -1, *t.shape[1:]))
-
-    def scores(self, state: LayerState, h: int) -> torch.Tensor:
-        parts = zip(self.predictors, self._groups(state.x), self._groups(state.residual), self._groups(state.ids),
-                    self._groups(state.weights))
-        return torch.cat([p.scores(LayerState(state.pos, x, r, i, w), h) for p, x, r, i, w in parts])
-
-    def next_token_scores(self, x: torch.Tensor) -> torch.Tensor | None:
-        scores = [p.next_token_scores(part) for p, part in zip(self.predictors, self._groups(x))]
-        return None if any(s is None for s in scores) else torch.cat(scores)
-
-    def on_token(self, decoding: bool) -> None:
-        for p in self.predictors:
-            p.on_token(decoding)
 
 
 def experts_in(ids: torch.Tensor) -> set[int]:
@@ -391,66 +357,13 @@ class PredictionDriver:
         """Close the running request: each of its rows becomes one sample in the engine's record, with
         its recall@k per layer averaged over its decode steps (scored here, once, not per step).
         Predictions left for later are made now, and the scheduler learns from them."""
-        record = self.engine.record
-        for k in self.recall_ks:
-            record.recall.setdefault(k, {})
-        for layer, steps in self.current.items():
-            made, kinds_of, pos = [], [], self.pos_of[layer]  # (scores, native ids, rows), and token kinds, per step
-            for step in steps:
-                if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
-                    if len(step.inputs) <= pos:
-                        continue
-                    predicted, native, rows, kinds = step.prediction_for(pos), step.ids(pos), None, step.kinds
-                else:
-                    predicted, native, rows, kinds = step
-                scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
-                if scores is None:
-                    continue  # the predictor had nothing for this step
-                if isinstance(predicted, Later) and self.scheduler is not None:
-                    self.scheduler.observe(layer, ranked(scores, self.engine.budget), experts_in(native))
-                made.append((scores, native, rows))
-                kinds_of.append(kinds)
-            if not made:
-                continue
-            if any(rows is not None for _, _, rows in made):  # rows left the batch (keep_rows)
-                total = record.requests[-1].rows
-                for k in self.recall_ks:
-                    record.add_recall(k, layer, recall_per_row(made, k, total))
-                    for (scores, native, _), kinds in zip(made, kinds_of):
-                        if kinds is not None:
-                            kinds.count_recall(record.kinds, k, layer, token_recall(scores, native, k))
-                continue
-            predicted = torch.stack([p for p, _, _ in made])  # [steps, rows, experts]
-            native = torch.stack([n.to(predicted.device) for _, n, _ in made])  # [steps, rows, top-k]
-            flat_p, flat_n = predicted.flatten(0, 1), native.flatten(0, 1)
-            for k in self.recall_ks:
-                per_token = token_recall(flat_p, flat_n, k).view(predicted.shape[:2])  # [steps, rows]
-                record.add_recall(k, layer, per_token.mean(dim=0).tolist())
-                for step, kinds in enumerate(kinds_of):  # by kind, from the same per-token recall
-                    if kinds is not None:
-                        kinds.count_recall(record.kinds, k, layer, per_token[step])
+        learn, scheduler, budget = None, self.scheduler, self.engine.budget
+        if scheduler is not None:
+            def learn(layer, scores, native):
+                scheduler.observe(layer, ranked(scores, budget), experts_in(native))
+        score_request(self.engine.record, self.current, self.pos_of, self.recall_ks, learn)
         self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:
         for hook in self.hooks:
             hook.remove()
-
-
-def recall_per_row(made: list, k: int, total: int, counted=None) -> list[float]:
-    """Recall@k per row of a request of `total` rows that left the batch one by one (keep_rows), each averaged
-    over its own steps: `made` holds per step (scores [rows then, E], native ids [rows then, K], the request's
-    rows then, None: all); `counted(steps, rows)`: which (step, row) pairs count, element by element (default:
-    all). A row no step counts for has no recall (NaN, which the summaries leave out). Every step is scored in
-    one call; each row's sum still adds its steps in order."""
-    rows = [torch.arange(scores.shape[0]) if r is None else r for scores, _, r in made]
-    scores = torch.cat([s for s, _, _ in made])
-    native = torch.cat([n.to(scores.device) for _, n, _ in made])
-    recall = token_recall(scores, native, k).double().cpu()
-    row = torch.cat(rows)
-    if counted is not None:
-        steps = torch.repeat_interleave(torch.arange(len(made)), torch.tensor([len(r) for r in rows]))
-        keep = counted(steps, row)
-        row, recall = row[keep], recall[keep]
-    sums = torch.zeros(total, dtype=torch.float64).index_add_(0, row, recall)
-    counts = torch.zeros(total, dtype=torch.float64).index_add_(0, row, torch.ones_like(recall))
-    return (sums / counts).tolist()  # 0 / 0: NaN

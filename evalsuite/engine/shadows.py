@@ -26,7 +26,8 @@ import torch
 
 from .forward import Forward
 from .metrics import token_recall
-from .prediction import LayerState, recall_per_row
+from .layer_state import LayerState
+from .request_recall import recall_per_row
 from .prompt_precision import PromptRows, prompt_rows
 from .taps import tap_input
 from .trace import LayerRouting, RoutingTrace
