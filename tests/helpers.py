@@ -60,4 +60,4 @@ def use_link_kind(monkeypatch, kind: str) -> None:
     if LINK_KINDS[kind] is not None:
         import importlib
 
-        monkeypatch.setattr(importlib.import_module("evalsuite.engine.offload"), "INLINE_MAX_BYTES", LINK_KINDS[kind])
+        monkeypatch.setattr(importlib.import_module("evalsuite.engine.tiers"), "INLINE_MAX_BYTES", LINK_KINDS[kind])

@@ -21,7 +21,7 @@ from .helpers import batch, reference_model
 from .test_exactness import run
 from .test_modes import artifact_for
 
-offload_module = importlib.import_module("evalsuite.engine.offload")  # the package exports the function
+tiers_module = importlib.import_module("evalsuite.engine.tiers")  # where engines build their link
 DELAY_S = 0.001  # per chunk, on the late thread
 
 
@@ -33,7 +33,7 @@ def late_copies(request, monkeypatch):
     def late_worker(store, device, link=None, timeout_s=60.0):
         return TransferWorker(store, device, link, timeout_s, chunk_bytes=chunk_bytes, copies=LateCopies(DELAY_S))
 
-    monkeypatch.setattr(offload_module, "TransferWorker", late_worker)
+    monkeypatch.setattr(tiers_module, "TransferWorker", late_worker)
 
 
 MODES = {
@@ -107,7 +107,7 @@ def drop_when_issued(self, key) -> bool:
 def scanned_then_used(monkeypatch):
     """Prefetch four experts over a deep, slow late link, run a victim scan that meets them in
     flight (they are protected, so it only looks), then use them: which slots held stale data?"""
-    monkeypatch.setattr(offload_module, "TransferWorker", lambda store, device, link=None, timeout_s=60.0:
+    monkeypatch.setattr(tiers_module, "TransferWorker", lambda store, device, link=None, timeout_s=60.0:
                         TransferWorker(store, device, link, timeout_s, copies=LateCopies(0.05, depth=64)))
     model = copy.deepcopy(reference_model("qwen3_moe"))
     with evalsuite.offload(model, cache_capacity=4) as engine:
@@ -158,7 +158,7 @@ def test_a_missing_wait_breaks_exactness(chunk_bytes, monkeypatch):
     def held_worker(store, device, link=None, timeout_s=60.0):
         return TransferWorker(store, device, link, timeout_s, chunk_bytes=chunk_bytes, copies=HeldCopies(hold))
 
-    monkeypatch.setattr(offload_module, "TransferWorker", held_worker)
+    monkeypatch.setattr(tiers_module, "TransferWorker", held_worker)
     monkeypatch.setattr(Transfer, "wait", lambda self, timeout: 0.0)  # `_ready_views` reads at once
     model = copy.deepcopy(reference)
     with evalsuite.offload(model, cache_capacity="all"), torch.no_grad():

@@ -13,24 +13,22 @@ import time
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from . import arch
-from .metrics import Counters, EngineRecord
-from .prediction import PREDICTORS, PredictionDriver, experts_in
-from .row_groups import RowGroups
-
-from .cache import ExpertCache, capacity_in_experts, check_fits
+from . import arch, placement
+from .cache import ExpertCache
 from .fetching import ExpertFetching, fading_keep
 from .forward import Forward
 from .kernel import run_experts
+from .metrics import Counters, EngineRecord
 from .modes import MODES, names_where
 from .options import check_options
+from .prediction import PREDICTORS, PredictionDriver, experts_in
+from .row_groups import RowGroups
 from .scheduler import PrefetchScheduler
 from .shadows import ShadowPredictions
-from . import placement
-from .store import Checkpoint, ExpertLayout, HostStore, SafetensorsStore
+from .store import Checkpoint, ExpertLayout
+from .tiers import build_tiers, restore_experts
 from .token_kinds import image_token_ids
-from .lazy_link import INLINE_MAX_BYTES, LazyLink
-from .transfer import TransferWorker, TransferError, parse_link
+from .transfer import TransferError, parse_link
 
 IMPLEMENTATION = "evalsuite"
 
@@ -164,7 +162,10 @@ class Engine(ExpertFetching):
                                                          drift_threshold) for name in shadows}
         offloads = MODES[mode].offloads and not keep_experts
         if offloads:  # the last step that can fail on bad input, the first that changes the model
-            self._build_offload(cache_capacity, cache_policy, cache_pools, store, checkpoint)
+            per_layer = cache_pools == "per-layer"
+            self.store, self.cache, self.transfers = build_tiers(self, cache_capacity, cache_policy, per_layer, store,
+                                                                 checkpoint)
+            self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
                 placement.load_experts(self.layers, self.layout, self.family,
@@ -209,38 +210,6 @@ class Engine(ExpertFetching):
             artifact = kind.load(predictor_path, self.model, self.layers)
         return kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
                           self.device)
-
-    def _build_offload(self, cache_capacity, cache_policy, cache_pools, store, checkpoint):
-        total = sum(layer.num_experts for layer in self.layers)
-        capacity = capacity_in_experts(cache_capacity, total, self.layout.nbytes)
-        per_layer = cache_pools == "per-layer"
-        pool_size = capacity // len(self.layers) if per_layer else capacity
-        top_k = max(layer.top_k for layer in self.layers)
-        if pool_size < top_k:
-            need = top_k * (len(self.layers) if per_layer else 1)
-            raise ValueError(f"cache_capacity={cache_capacity!r} gives {pool_size} slots per pool, below "
-                             f"top-k={top_k}: one token's experts must fit; use at least {need} experts")
-        check_fits(capacity, self.layout.nbytes, self.device, other_bytes=placement.device_bytes_change(
-            self.model, self.layers, self.layout, self.device, store))
-        pin = self.device.type == "cuda"
-        path = checkpoint or self.model.config._name_or_path
-        if store == "host":  # a model built without its experts fills the host store from its checkpoint
-            source = Checkpoint(path, self.layout.dtype) if self.unloaded else None
-            self.store = HostStore(self.layers, self.layout, pin, source, self.family)
-        else:
-            self.store = SafetensorsStore(path, self.layers, self.layout, self.family, pin)
-        for layer in self.layers:  # the device now holds only what the cache holds
-            for name, _, _ in self.layout.fields:
-                empty = torch.empty(0, dtype=self.layout.dtype, device=self.device)
-                setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
-        placement.move_non_experts(self.model, self.layers, self.layout, self.device)
-        self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
-        self.cache = ExpertCache([l.index for l in self.layers], capacity, self.layout.numel,
-                                 self.layout.dtype, self.device, cache_policy, per_layer)
-        if self.link is not None and self.device.type == "cpu" and self.layout.nbytes <= INLINE_MAX_BYTES:
-            self.transfers = LazyLink(self.store, self.link, self.timeout_s)  # no thread to hand the GIL to
-        else:
-            self.transfers = TransferWorker(self.store, self.device, self.link, self.timeout_s)
 
     def _start_trace(self) -> None:
         from .trace import TraceRecorder
@@ -410,11 +379,8 @@ class Engine(ExpertFetching):
             return
         if self.transfers is not None:
             self.transfers.close()
-            for layer in [] if self.unloaded else self.layers:  # one built without experts leaves without
-                for name, shape, _ in self.layout.fields:
-                    fused = torch.stack([self.layout.views(self.store.read((layer.index, e)))[name].clone()
-                                         for e in range(layer.num_experts)]).to(self.device)
-                    setattr(layer.experts, name, torch.nn.Parameter(fused, requires_grad=False))
+            if not self.unloaded:  # one built without experts leaves without
+                restore_experts(self.layers, self.layout, self.store, self.device)
             # drop the big buffers now: engine, driver and scheduler refer to each other, so
             # the garbage collector would free them only some time later
             self.cache = self.store = self.transfers.store = None
