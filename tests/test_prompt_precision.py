@@ -11,7 +11,7 @@ from evalsuite.engine.scheduler import PrefetchScheduler
 from evalsuite.perf.replay import Replay
 
 from .helpers import reference_model
-from .test_prefetch_scheduler import FakeEngine, candidates
+from .scheduler_fakes import FakeEngine, candidates
 from .test_replayed_metrics import COSTS
 
 
