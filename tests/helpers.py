@@ -1,4 +1,5 @@
 """Shared test helpers: cached tiny reference models and left-padded prompt batches."""
+import copy
 import functools
 import os
 
@@ -34,6 +35,15 @@ def batch(size: int, seq: int = 10, vocab: int = 128, seed: int = 0):
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = TASKS_DIR
+
+
+def copy_and_reference(rows: int, tokens: int):
+    """A copy of the tiny qwen3 model, a batch, and the resident model's greedy generation of it."""
+    reference = reference_model("qwen3_moe")
+    ids, mask = batch(rows)
+    with torch.no_grad():
+        expected = reference.generate(ids, attention_mask=mask, max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return copy.deepcopy(reference), ids, mask, expected
 
 
 def shipped_model(name: str = "tiny-qwen3-moe") -> str:

@@ -357,11 +357,12 @@ class PredictionDriver:
         """Close the running request: each of its rows becomes one sample in the engine's record, with
         its recall@k per layer averaged over its decode steps (scored here, once, not per step).
         Predictions left for later are made now, and the scheduler learns from them."""
-        learn, scheduler, budget = None, self.scheduler, self.engine.budget
-        if scheduler is not None:
-            def learn(layer, scores, native):
-                scheduler.observe(layer, ranked(scores, budget), experts_in(native))
-        score_request(self.engine.record, self.current, self.pos_of, self.recall_ks, learn)
+        scheduler, budget = self.scheduler, self.engine.budget
+
+        def learn(layer, scores, native):
+            scheduler.observe(layer, ranked(scores, budget), experts_in(native))
+        score_request(self.engine.record, self.current, self.pos_of, self.recall_ks,
+                      None if scheduler is None else learn)
         self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:
