@@ -101,8 +101,8 @@ class PrefetchScheduler(WorthTest):
         self.missing_seen: dict[int, list[int]] = {}  # sparse layer -> per rank, missing candidates scored
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
         self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
-        self.missing_recent: dict[int, list[float]] = {}  # sparse layer -> [predictions, per rank missing], fading (q)
-        self.missing_prior: dict[int, float] = {}  # sparse layer -> the prior's weight in missing_recent, fading (q)
+        # sparse layer -> [predictions, of them the prior's, per rank missing], all fading alike (q)
+        self.missing_recent: dict[int, list[float]] = {}
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
         self.prompt: dict[int, PromptOutcomes] = {}  # sparse layer -> its prompts' rows scored, summed (learn_prompt)
         self._send: dict[int, list[float]] = {}  # sparse layer -> send_precision(), until the next observe
@@ -144,7 +144,6 @@ class PrefetchScheduler(WorthTest):
         self.layer_s = self.wrap_s = None
         self._off_left.clear()
         self.missing_recent.clear()
-        self.missing_prior.clear()
 
     def layer_started(self, pos: int, decoding: bool) -> None:
         """Sparse layer `pos` of the running forward pass routed now (`decoding`: a decode step)."""
@@ -285,17 +284,15 @@ class PrefetchScheduler(WorthTest):
             picked = self.missing_picked.setdefault(layer, [0] * self.budget)
             recent = self.missing_recent.get(layer)
             if recent is None:  # from PRIOR_WEIGHT predictions, which fade as the rest do (missing_share)
-                recent = self.missing_recent[layer] = [PRIOR_WEIGHT] + [0.0] * self.budget
-                self.missing_prior[layer] = PRIOR_WEIGHT
+                recent = self.missing_recent[layer] = [PRIOR_WEIGHT, PRIOR_WEIGHT] + [0.0] * self.budget
             keep = 1.0 - 1.0 / MISSING_MEMORY
             for i, weight in enumerate(recent):
                 recent[i] = weight * keep
-            self.missing_prior[layer] *= keep
             recent[0] += 1.0
             for rank, e in scheduled[1]:
                 seen[rank] += 1
                 picked[rank] += e in chosen
-                recent[rank + 1] += 1.0
+                recent[rank + 2] += 1.0
             self.missing_scored[layer] = self.missing_scored.get(layer, 0) + 1
         self._missing.pop(layer, None)
         self._send.pop(layer, None)
@@ -358,8 +355,8 @@ class PrefetchScheduler(WorthTest):
         recent, miss = self.missing_recent.get(layer), self.engine.miss_rate(layer)
         if recent is None:
             return [miss] * self.budget
-        prior = self.missing_prior[layer] * miss
-        return [(m + prior) / recent[0] for m in recent[1:]]
+        prior = recent[1] * miss
+        return [(m + prior) / recent[0] for m in recent[2:]]
 
     def schedule(self, target_pos: int, candidates: list[int], h: int) -> int:
         """Prefetch the experts of sparse layer `target_pos` worth sending (`candidates`: ranked, see
