@@ -115,3 +115,19 @@ def test_a_prefetch_s_victim_is_regretted_only_if_a_demand_load_asks_for_it_in_t
     assert cache.withdraw((0, 7), untouched=True) is not None  # given back, not lost
     use(cache, (1, 8)), use(cache, (0, 9))
     assert cache.victims_lost == 2 and not cache.watched
+
+
+def test_the_resident_bits_of_a_layer_follow_its_experts_in_and_out():
+    """resident_bits (what a prediction put off is scored against): a layer's resident experts, 1 << expert each,
+    through placements, evictions, a copy forgotten and a cancelled prefetch that gives its victim back."""
+    cache = make(capacity=2)
+    use(cache, (0, 1)), use(cache, (1, 3))
+    assert cache.resident_bits == {0: 0b10, 1: 0b1000}
+    cache.place((0, 5), prefetch=True)  # evicts (0, 1)
+    assert cache.resident_bits == {0: 0b100000, 1: 0b1000}
+    cache.withdraw((0, 5), untouched=True)  # cancelled before its copy started: (0, 1) comes back
+    assert cache.resident_bits == {0: 0b10, 1: 0b1000}
+    use(cache, (1, 0))  # evicts (0, 1), now the least recent
+    assert cache.resident_bits == {0: 0, 1: 0b1001}
+    cache.forget((1, 3))
+    assert cache.resident_bits == {0: 0, 1: 0b1}

@@ -148,6 +148,12 @@ def test_victims_match_the_reference(capacity, policy, per_layer, ops, with_pref
             cache.predict(scores)
             reference.predictions = scores
         assert set(cache.slot_of) == set(reference.last) | set(reference.unconfirmed)
+        assert cache.resident_bits == bits_of(cache.slot_of)
+
+
+def bits_of(keys) -> dict:
+    """ExpertCache.resident_bits of these (layer, expert) keys, counted over again."""
+    return {layer: sum(1 << e for l, e in keys if l == layer) for layer in LAYERS}
 
 
 def make(capacity, policy, layers=LAYERS, per_layer=False):

@@ -90,6 +90,52 @@ def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monk
             assert driver.scheduler.missing_share(layer.index) == [1.0] * engine.budget
 
 
+def test_predictions_put_off_teach_the_scheduler_which_candidates_were_missing_when_put_off(monkeypatch):
+    """Each prediction put off, one by one or in a quiet token, is scored when its request ends against the experts
+    of its layer the cache held when it was put off: the scheduler's counts of missing candidates (pm, q) are
+    those counted again here from the cache as each prediction was put off and the trace's predictions."""
+    from evalsuite.engine.prediction import PredictionDriver
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)  # every verdict: put off
+    held = {}  # (decode step, target position) -> the target layer's experts in the cache when predicted
+    on_router = PredictionDriver.on_router
+
+    def noting(self, pos, *args):
+        if self.engine.forward.decoding:
+            step = held.setdefault("steps", -1) + (pos == 0)
+            held["steps"] = step
+            target = self.target_of[pos]
+            if target is not None:  # (the last layer predicts the next step's first)
+                layer = self.layer_of[target]
+                held[step + (target == 0), target] = {e for l, e in self.engine.cache.slot_of if l == layer}
+        return on_router(self, pos, *args)
+
+    monkeypatch.setattr(PredictionDriver, "on_router", noting)
+    model, ids, mask, expected = copy_and_reference(rows=1, tokens=16)
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
+                           trace=True) as engine, torch.no_grad():
+        scheduler = engine.driver.scheduler
+        scheduler.layer_s = scheduler.predict_s = 1e-3  # measured before: the first decode token is judged too
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert torch.equal(out, expected)
+        engine.stats()  # (ends the request)
+        trace, budget = engine.routing_trace(), engine.budget
+        assert engine.driver.put_off == 15 * engine.driver.predicted_per_token and engine.driver.quiet_tokens > 10
+        seen = {layer: [0] * budget for layer in trace.layers}
+        picked = {layer: [0] * budget for layer in trace.layers}
+        for step, routings in enumerate(trace.steps):
+            for pos, routing in enumerate(routings):
+                if not routing.predicted:
+                    continue
+                for rank, e in enumerate(routing.predicted[:budget]):
+                    if e not in held[step, pos]:
+                        seen[trace.layers[pos]][rank] += 1
+                        picked[trace.layers[pos]][rank] += e in routing.native
+        assert sum(map(sum, seen.values())) > 0
+        assert scheduler.missing_seen == seen and scheduler.missing_picked == picked
+
+
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
     layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a
@@ -104,8 +150,8 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
 
     def token(first=None):
         made = QuietToken(driver, first)
-        for x in (torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[3.0, 4.0, -1.0]])):
-            made.keep(x, None, ids, weights)
+        for resident, x in enumerate((torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[3.0, 4.0, -1.0]]))):
+            made.keep(x, None, ids, weights, resident)
         return made
 
     carried = Later(lambda s: s.x, ("x",), 1, 1, torch.tensor([[0.0, 0.0, 5.0]]), None, ids, weights)
@@ -114,6 +160,7 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     assert quiet.prediction_for(0) is carried and quiet.prediction_for(0)() == [2]
     assert quiet.prediction_for(1)() == [1]  # layer 0's x, scored ahead
     assert quiet.made_at(1)() == [2]  # layer 1's x, scored for the next token's first layer (-x)
+    assert [quiet.made_at(pos).resident for pos in (0, 1)] == [0, 1]  # what the cache held as each layer ran
     changed = token()
     changed.inputs[0][0].add_(1)
     with pytest.raises(RuntimeError, match="changed in place"):

@@ -171,6 +171,10 @@ def test_the_replay_makes_a_step_quiet_where_the_engine_would(monkeypatch):
     asked.run()
     assert quiet.quiet_steps > len(trace.steps) // 2 and asked.quiet_steps == 0
     assert quiet.put_offs == asked.put_offs and quiet.scheduler.seen == asked.scheduler.seen
+    # each scored against what the cache held when it was put off, as the engine's (PrefetchScheduler.observe)
+    assert sum(map(sum, quiet.scheduler.missing_seen.values())) > 0
+    assert quiet.scheduler.missing_seen == asked.scheduler.missing_seen
+    assert quiet.scheduler.missing_picked == asked.scheduler.missing_picked
     # each quiet step charges one put-off instead of its own: one a layer, the last layer's none at a request's end
     layers, saved = len(trace.layers), (asked.predict - quiet.predict) / 2e-4
     assert quiet.quiet_steps * (layers - 2) - 1e-6 <= saved <= quiet.quiet_steps * (layers - 1) + 1e-6

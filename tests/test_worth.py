@@ -44,6 +44,34 @@ def test_a_missing_candidate_is_judged_by_how_often_missing_candidates_were_righ
     assert not any(engine.sent)
 
 
+def test_a_prediction_put_off_counts_its_missing_candidates_as_a_scheduled_one_would():
+    """pm and q must not rest on the few predictions made online where most are put off (a large cache, a fast
+    link): one put off is scored when its request ends against the experts the cache held when it was put off
+    (`resident`, bits), and counts exactly as the same prediction scheduled against that cache would."""
+    def held(experts):
+        return SimpleNamespace(resident=lambda key: key[1] in experts, victim_regret=lambda: 0.0,
+                               spare=lambda layer: 0)
+
+    scheduled_engine, put_off_engine = FakeEngine(), FakeEngine()
+    scheduled, put_off = PrefetchScheduler(scheduled_engine, budget=2), PrefetchScheduler(put_off_engine, budget=2)
+    for order, cached, chosen in [([3, 5], {3}, {3, 5}), ([4, 5], {5}, {1, 2}), ([4, 6], set(), {4, 1}),
+                                  ([2, 3], {2, 3}, {2, 3})]:
+        scheduled_engine.cache = held(cached)
+        made = candidates(order)
+        scheduled.schedule(1, made, h=1)
+        scheduled.observe(7, made, chosen)
+        put_off.observe(7, candidates(order), chosen, resident=sum(1 << e for e in cached))
+    assert put_off.missing_seen == scheduled.missing_seen == {7: [2, 2]}
+    assert put_off.missing_picked == scheduled.missing_picked == {7: [1, 1]}
+    assert put_off.missing_scored == scheduled.missing_scored == {7: 4}
+    assert put_off.missing_recent == scheduled.missing_recent
+    assert put_off.missing_precision(7) == scheduled.missing_precision(7)
+    # a prediction neither scheduled nor put off with what the cache held (nothing known of what was missing)
+    # adds to each rank's precision only
+    put_off.observe(7, candidates([4, 6]), {4})
+    assert put_off.missing_seen == {7: [2, 2]} and put_off.missing_scored == {7: 4} and put_off.seen == {7: 5}
+
+
 def test_a_prediction_whose_candidates_are_always_cached_is_not_worth_making():
     """The layer misses often, but the experts this predictor names are already cached whenever it is
     scheduled: its expected saving is what its missing candidates would save, which is near nothing."""

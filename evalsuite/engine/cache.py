@@ -159,6 +159,9 @@ class ExpertCache:
             pool = Pool(list(range(capacity)), policy, layer_ids)
             self.pools = {l: pool for l in layer_ids}
         self.slot_of: dict = {}  # key -> slot index
+        # layer -> its resident experts (slot_of's keys) as bits, 1 << expert: what a prediction put off is later
+        # scored against (the candidates it would have found missing), read at the cost of one lookup
+        self.resident_bits: dict = dict.fromkeys(layer_ids, 0)
         self.pins: dict = {}  # key -> pin count
         self.transfers: dict = {}  # key -> Transfer not yet known to have landed, in submission order
         self.victims: dict = {}  # prefetched key -> (the used expert it evicted, its memento), until settled
@@ -202,6 +205,7 @@ class ExpertCache:
         """Give `key`'s slot back to its pool (after a failed copy); pins are left to their owners."""
         pool = self.pools[key[0]]
         pool.free.append(self.slot_of.pop(key))
+        self.resident_bits[key[0]] &= ~(1 << key[1])
         pool.discard(key)
         self.transfers.pop(key, None)
         self.victims.pop(key, None)
@@ -221,6 +225,8 @@ class ExpertCache:
         pool.discard(key)
         self.transfers.pop(key, None)
         self.slot_of[victim] = slot
+        self.resident_bits[key[0]] &= ~(1 << key[1])
+        self.resident_bits[victim[0]] |= 1 << victim[1]
         pool.restore(victim, memento)
         self._version += 1
         return victim
@@ -305,6 +311,7 @@ class ExpertCache:
             memento = pool.evict(evicted)
             self.victims.pop(evicted, None)
             pool.free.append(self.slot_of.pop(evicted))
+            self.resident_bits[evicted[0]] &= ~(1 << evicted[1])
             if prefetch and not was_guess:  # a used expert: given back if this prefetch never writes its slot
                 self.victims[key] = (evicted, memento)
                 self.watched[evicted] = pool.runs + 1  # a regret if asked for by the next run (victim_regret)
@@ -313,6 +320,7 @@ class ExpertCache:
             pool.order.serving(key[0])
         slot = pool.free.pop()
         self.slot_of[key] = slot
+        self.resident_bits[key[0]] |= 1 << key[1]
         pool.add(key, prefetch)  # `pin` counts the use
         self._version += 1
         return slot, evicted

@@ -93,6 +93,7 @@ class PredictionDriver:
         last = len(engine.layers) - 1  # what each position predicts: h layers on, the last the next token's first
         self.target_of = [pos + horizon if pos + horizon <= last else (0 if pos == last else None)
                           for pos in range(last + 1)]
+        self.target_layer_of = [None if target is None else self.layer_of[target] for target in self.target_of]
         self.source_of = [None] * (last + 1)  # position -> the position whose prediction is for it
         for pos, target in enumerate(self.target_of):
             if target is not None:
@@ -139,7 +140,8 @@ class PredictionDriver:
         quiet = self.quiet
         if quiet is not None:
             if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (QuietToken)
-                quiet.keep(x, self.residual.get(pos), ids, weights)
+                quiet.keep(x, self.residual.get(pos), ids, weights,
+                           self.engine.cache.resident_bits.get(self.target_layer_of[pos]))
                 return None
             self.quiet = None
             if quiet.complete():  # its last layer's prediction is for this token's first, as a normal token's
@@ -217,7 +219,8 @@ class PredictionDriver:
         if (self.may_wait and decoding
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, reads, engine.budget, pos, x, residual, ids, weights)
+            later = Later(score, reads, engine.budget, pos, x, residual, ids, weights,
+                          resident=engine.cache.resident_bits[self.layer_of[target]])
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:
@@ -262,7 +265,7 @@ class PredictionDriver:
         quiet = self.quiet = QuietToken(self, first, engine.forward.kinds)
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
-        quiet.keep(x, self.residual.get(0), ids, weights)
+        quiet.keep(x, self.residual.get(0), ids, weights, engine.cache.resident_bits.get(self.target_layer_of[0]))
         # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read)
         for pos, layer in enumerate(self.layer_of):
             if (first if pos == 0 else self.source_of[pos]) is not None:
@@ -359,8 +362,8 @@ class PredictionDriver:
         Predictions left for later are made now, and the scheduler learns from them."""
         scheduler, budget = self.scheduler, self.engine.budget
 
-        def learn(layer, scores, native):
-            scheduler.observe(layer, ranked(scores, budget), experts_in(native))
+        def learn(layer, scores, native, resident):
+            scheduler.observe(layer, ranked(scores, budget), experts_in(native), resident)
         score_request(self.engine.record, self.current, self.pos_of, self.recall_ks,
                       None if scheduler is None else learn)
         self.current, self.rows, self.quiet = {}, None, None

@@ -23,7 +23,9 @@ class Later:
     sparse layer `pos` (router input `x`, `residual`, `ids`, `weights`), made once when first asked for.
     `reads`: the fields it reads. Called, it gives the `budget` ranked candidates (what the trace reads). It
     keeps the fields, and builds their LayerState only when scored: one object per prediction put off is less
-    for the hot path to make and for the garbage collector to walk until the request ends.
+    for the hot path to make and for the garbage collector to walk until the request ends. `resident`: the
+    target layer's experts the cache held when it was put off (ExpertCache.resident_bits; None: unknown), from
+    which the scheduler learns which candidates it would have found missing (PrefetchScheduler.observe).
 
     The model's forward pass never writes its activations in place, so a prediction keeps the tensors it
     will read rather than copies (a copy costs the hot path more than the whole put-off bookkeeping), with
@@ -31,12 +33,15 @@ class Later:
     make it score another state, and is refused. Every field's counter is taken (four reads cost the hot path
     less than choosing); only those read are compared."""
 
-    __slots__ = ("_score", "_reads", "_scores", "budget", "_pos", "x", "residual", "ids", "weights", "_versions")
+    __slots__ = ("_score", "_reads", "_scores", "budget", "_pos", "x", "residual", "ids", "weights", "_versions",
+                 "resident")
 
-    def __init__(self, score, reads, budget: int, pos: int, x, residual, ids, weights, versions=None):
+    def __init__(self, score, reads, budget: int, pos: int, x, residual, ids, weights, versions=None,
+                 resident: int | None = None):
         self._score, self._reads, self._scores, self.budget = score, reads, None, budget
         self._pos, self.x, self.residual, self.ids, self.weights = pos, x, residual, ids, weights
         self._versions = versions or versions_of(x, residual, ids, weights)
+        self.resident = resident
 
     def scores(self) -> torch.Tensor:
         if self._scores is None:
@@ -59,10 +64,10 @@ def versions_of(x, residual, ids, weights) -> tuple:
 
 class QuietToken:
     """A decode token whose every prediction is put off, unasked. `inputs[pos]`: what sparse layer `pos` gave
-    the driver, (x, residual, ids, weights, their versions), appended as the token runs; `first`: the prediction
-    for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what each
-    position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the
-    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`). `kinds`:
+    the driver, (x, residual, ids, weights, their versions, what the cache holds of the layer it predicts),
+    appended as the token runs; `first`: the prediction for its first sparse layer (made at the last token's
+    last, a Later), or None. `driver` says what each position predicts (`target_of`) and how (its
+    `_score_ahead`, `_score_next`, the predictor's reads, the engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`). `kinds`:
     where its forward pass's image and text tokens are (TokenKinds; None for a text model), for recall by kind."""
 
     __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
@@ -71,11 +76,12 @@ class QuietToken:
         self.inputs: list[tuple] = []
         self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
 
-    def keep(self, x, residual, ids, weights) -> None:
-        """Sparse layer len(inputs)'s inputs, with their version counters now (see Later)."""
+    def keep(self, x, residual, ids, weights, resident: int | None) -> None:
+        """Sparse layer len(inputs)'s inputs, with their version counters now, and the resident experts of the layer
+        it predicts (see Later)."""
         # (versions_of written out: this runs at every layer of a quiet token, and the call cost 0.5 of its 2.4 us)
         self.inputs.append((x, residual, ids, weights, (
-            x._version, None if residual is None else residual._version, ids._version, weights._version)))
+            x._version, None if residual is None else residual._version, ids._version, weights._version), resident))
 
     def complete(self) -> bool:
         """Whether every sparse layer of the token ran (a forward pass cut short leaves it incomplete)."""
@@ -86,11 +92,11 @@ class QuietToken:
         later = self._made.get(pos)
         if later is None:
             driver = self._driver
-            x, residual, ids, weights, versions = self.inputs[pos]
+            x, residual, ids, weights, versions, resident = self.inputs[pos]
             score, reads = ((driver._score_ahead, driver.predictor.reads) if driver.target_of[pos]
                             else (driver._score_next, ("x",)))
             later = self._made[pos] = Later(score, reads, driver.engine.budget, pos, x, residual, ids, weights,
-                                            versions)
+                                            versions, resident)
         return later
 
     def prediction_for(self, pos: int) -> Later | None:

@@ -17,8 +17,9 @@ from .put_off import Later, QuietToken
 def score_request(record, steps: dict, pos_of: dict, recall_ks, learn: Callable | None = None) -> None:
     """Add the request's recall@k to `record` (the engine's metrics.Record): `steps` holds per decoder layer its
     decode steps in order, each (prediction, native ids, rows, token kinds) or the QuietToken it was part of;
-    `pos_of` maps a decoder layer to its sparse position. `learn(layer, scores, native ids)` is told of each
-    prediction made here (the scheduler's precision)."""
+    `pos_of` maps a decoder layer to its sparse position. `learn(layer, scores, native ids, resident)` is told of
+    each prediction made here (the scheduler's precision; `resident`: the layer's experts the cache held when it
+    was put off, Later.resident)."""
     for k in recall_ks:
         record.recall.setdefault(k, {})
     for layer, layer_steps in steps.items():
@@ -34,7 +35,7 @@ def score_request(record, steps: dict, pos_of: dict, recall_ks, learn: Callable 
             if scores is None:
                 continue  # the predictor had nothing for this step
             if isinstance(predicted, Later) and learn is not None:
-                learn(layer, scores, native)
+                learn(layer, scores, native, predicted.resident)
             made.append((scores, native, rows))
             kinds_of.append(kinds)
         if not made:

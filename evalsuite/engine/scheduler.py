@@ -23,12 +23,17 @@ lead       layer_s·h; for the next token's first sparse layer, the measured tim
 p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
            the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
 pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
-           prediction was scheduled: only those are ever sent, and they are the ones a predictor
-           gets wrong most (what it gets right is mostly what the cache already holds), so with a
-           large cache pm can be well below p (docs/performance.md, "The prefetch policy"). Shrunk
-           towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT. The send rule shrinks it towards the
-           prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower (send_precision).
-q(l, r)    the share of recent scheduled predictions whose rank-r candidate was missing (about the last
+           prediction was scheduled, or for one put off (made after its request), when it was put off
+           (ExpertCache.resident_bits, kept with it and scored when the request ends): only missing ones
+           are ever sent, and they are the ones a predictor gets wrong most (what it gets right is
+           mostly what the cache already holds), so with a large cache pm can be well below p
+           (docs/performance.md, "The prefetch policy"). Counted on online predictions alone, pm rested
+           on the few a layer makes where most are put off and stayed near its prior p (tiny-qwen3-moe,
+           SD card, cache 50 %: 0.73-0.9 for rank 0 of the next token's first layer, 0.25-0.44 over
+           every prediction). Shrunk towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT. The send rule
+           shrinks it towards the prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower
+           (send_precision).
+q(l, r)    the share of recent predictions scored (as for pm) whose rank-r candidate was missing (about the last
            MISSING_MEMORY, each older one weighing 1 − 1/MISSING_MEMORY less), from PRIOR_WEIGHT
            predictions that fade the same way, each read at the layer's decode miss rate as it stands
            (Engine.miss_rate): what is missing follows the cache, which turns over in a request's first
@@ -73,7 +78,7 @@ from .worth import WorthTest
 
 PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
 PROMPT_WEIGHT = 4.0  # decode predictions a layer's prompt rows count as, all together (send_precision)
-MISSING_MEMORY = 8  # scheduled predictions of a layer q mostly rests on (each older one weighs 1 - 1/8 less)
+MISSING_MEMORY = 8  # predictions of a layer q mostly rests on (each older one weighs 1 - 1/8 less)
 MISS_MEMORY = 256  # put-off decode steps the stall per miss is fitted over (older ones fade)
 MISS_FIT_AFTER = 16  # put-off decode steps it needs before it stands in for a copy's time
 
@@ -100,7 +105,7 @@ class PrefetchScheduler(WorthTest):
         self._scheduled: dict[int, tuple] = {}  # sparse layer -> (its candidates list, [(rank, expert) missing])
         self.missing_seen: dict[int, list[int]] = {}  # sparse layer -> per rank, missing candidates scored
         self.missing_picked: dict[int, list[int]] = {}  # sparse layer -> per rank, those the router picked
-        self.missing_scored: dict[int, int] = {}  # sparse layer -> scheduled predictions scored
+        self.missing_scored: dict[int, int] = {}  # sparse layer -> predictions scored for what was missing
         # sparse layer -> [predictions, of them the prior's, per rank missing], all fading alike (q)
         self.missing_recent: dict[int, list[float]] = {}
         self._missing: dict[int, list[float]] = {}  # sparse layer -> missing_precision(), until the next observe
@@ -271,8 +276,11 @@ class PrefetchScheduler(WorthTest):
         cache = self.engine.cache
         return cache.spare(layer), cache.victim_regret() * hit_saves
 
-    def observe(self, layer: int, candidates: list[int], chosen: set) -> None:
-        """The router of `layer` chose `chosen`: score each rank of the prediction made for it."""
+    def observe(self, layer: int, candidates: list[int], chosen: set, resident: int | None = None) -> None:
+        """The router of `layer` chose `chosen`: score each rank of the prediction made for it. Its candidates that
+        were missing count towards pm and q: a scheduled prediction's, found when scheduled; one put off (made after
+        its request, prediction.Later), those not in `resident`, the layer's experts the cache held when it was put
+        off (bits: ExpertCache.resident_bits)."""
         picked = self.picked.setdefault(layer, [0] * self.budget)
         for rank, e in enumerate(candidates[: self.budget]):
             picked[rank] += e in chosen
@@ -280,6 +288,12 @@ class PrefetchScheduler(WorthTest):
         self._precision.pop(layer, None)
         scheduled = self._scheduled.pop(layer, None)
         if scheduled is not None and scheduled[0] is candidates:  # this very prediction was scheduled
+            missing = scheduled[1]
+        elif resident is not None:
+            missing = [(rank, e) for rank, e in enumerate(candidates[: self.budget]) if not resident >> e & 1]
+        else:
+            missing = None
+        if missing is not None:
             seen = self.missing_seen.setdefault(layer, [0] * self.budget)
             picked = self.missing_picked.setdefault(layer, [0] * self.budget)
             recent = self.missing_recent.get(layer)
@@ -289,7 +303,7 @@ class PrefetchScheduler(WorthTest):
             for i, weight in enumerate(recent):
                 recent[i] = weight * keep
             recent[0] += 1.0
-            for rank, e in scheduled[1]:
+            for rank, e in missing:
                 seen[rank] += 1
                 picked[rank] += e in chosen
                 recent[rank + 2] += 1.0

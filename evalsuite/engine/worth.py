@@ -12,7 +12,8 @@ worth      a prediction is made during decoding only if its candidates' expected
            quiet token it rules out: the other layers' put-offs one by one, less the one a quiet token costs);
            otherwise (a fast link, a cache that already holds the layer) the driver makes it after the
            request, for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made
-           online anyway, so what only online predictions measure (pm, q, predict_s) stays current, or
+           online anyway, so what online predictions measure as the request runs (predict_s; pm and q,
+           which a prediction put off adds to only when its request ends) stays current, or
            one in EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on
            measured precisions: exploring one in eight cost ufs4 about half a percent of TPOT where it
            never turned the verdict); and unless no precision could make it pay (`_most_saved`: at most
@@ -117,7 +118,7 @@ class WorthTest:
         pays, sure = verdict
         self._verdict_off[layer] = not pays
         if not pays and asked % EXPLORE_EVERY == 0 and (not sure or asked % (EXPLORE_EVERY * EXPLORE_EVERY) == 0):
-            return True  # keep measuring what only online predictions show (pm, q, predict_s): it could turn the verdict
+            return True  # keep measuring what online predictions show now (pm, q, predict_s): it could turn the verdict
         # (a sure yes is first put off at ask EXPLORE_EVERY² − EXPLORE_EVERY/2, not at the first phase: a request
         # of a few dozen tokens on a fresh engine then puts none off, where each would stall a copy)
         rarely = EXPLORE_EVERY * EXPLORE_EVERY
@@ -156,7 +157,7 @@ class WorthTest:
         one step stalls anything from nothing to several copies), or when a floor under it is (the put-off steps
         that measure it each cost a copy's stall on the SD card, where the floor needs no measuring); a no, when
         the net saving is under half the cost (it would have to double to pay) and rests on EXPLORE_EVERY
-        scheduled predictions scored (pm and q measured, not their priors)."""
+        predictions scored for what was missing (pm and q measured, not their priors)."""
         (moving_s, issue_s, spared_s), hit_saves = self._costs(t), self._hit_saves(t, layer)
         ahead, saving, waste = self.engine.transfers.prefetches_queued(), 0.0, 0.0
         spare, lost = self._victim_loss(layer, hit_saves)

@@ -97,7 +97,8 @@ class Replay:
         self._tally_keep = fading_keep(trace.top_k)
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
         self.deferred: tuple | None = None  # (target position, ranked) until this layer's loads are queued
-        self.put_off: list[tuple] = []  # (layer, ranked, native) of predictions left for the request's end
+        # (layer, ranked, native, the layer's experts resident then) of predictions left for the request's end
+        self.put_off: list[tuple] = []
         self.put_offs = 0  # predictions put off so far (PredictionDriver.put_off)
         self.quiet_steps = 0  # decode steps whose predictions were all put off unasked (driver.quiet_tokens)
 
@@ -115,8 +116,8 @@ class Replay:
             begun = self.t
             for index in range(start, end):
                 self._step(steps[index], steps[index + 1] if index + 1 < end else None)
-            for layer, ranked_, native in self.put_off:  # as PredictionDriver.end_request scores them
-                self.scheduler.observe(layer, ranked_[: self.budget], native)
+            for layer, ranked_, native, resident in self.put_off:  # as PredictionDriver.end_request scores them
+                self.scheduler.observe(layer, ranked_[: self.budget], native, resident)
             self.put_off = []
             if end > start:
                 self.tpots.append((self.t - begun) / (end - start))
@@ -149,7 +150,8 @@ class Replay:
         self._spend(self.costs.dense_s)
         target, ahead = self._next_of(pos, step, following)
         if ahead is not None and ahead.predicted:
-            self.put_off.append((self.trace.layers[target], ahead.predicted, set(ahead.native)))
+            layer = self.trace.layers[target]
+            self.put_off.append((layer, ahead.predicted, set(ahead.native), self.cache.resident_bits[layer]))
             self.put_offs += 1
         self._weights_in_order(self.trace.layers[pos], sorted(routing.native))
 
@@ -217,7 +219,8 @@ class Replay:
                 and not self.scheduler.worth_predicting(target, 1):
             # PredictionDriver leaves it for after the request (prediction.Later): no prefetch now, and the
             # scheduler learns its precision when the request ends; putting it off costs what the engine timed
-            self.put_off.append((self.trace.layers[target], ranked, set(routing.native)))
+            layer = self.trace.layers[target]
+            self.put_off.append((layer, ranked, set(routing.native), self.cache.resident_bits[layer]))
             self.put_offs += 1
             self._spend(self.costs.put_off_s, "predict")
             self.scheduler.put_off_took(self.costs.put_off_s)
