@@ -9,7 +9,7 @@ from .engine.eviction import POLICIES
 from .engine.modes import MODES, predictor_choice
 from .engine.options import POOLS, STORES
 from .engine.prediction import PREDICTORS
-from .engine.transfer import LINKS, parse_link
+from .engine.links import LINKS, parse_link
 
 __all__ = ["LINKS", "MODES", "POLICIES", "POOLS", "PREDICTORS", "STORES", "link", "link_list", "names_in"]
 

@@ -9,7 +9,8 @@ import torch
 import evalsuite
 from evalsuite.engine import lazy_link
 from evalsuite.engine.lazy_link import LazyLink
-from evalsuite.engine.transfer import Link, TransferCancelled, TransferError, TransferWorker
+from evalsuite.engine.links import Link
+from evalsuite.engine.transfer import TransferCancelled, TransferError, TransferWorker
 
 from .helpers import batch, reference_model, use_link_kind
 from .test_exactness import run

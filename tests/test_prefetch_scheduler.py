@@ -90,7 +90,8 @@ def test_a_wrong_guess_costs_half_a_chunk_of_the_link_s_own_time():
     half a 1 s copy is latency: 0.1 s chunks of its 500 bytes, not 0.5 s. At a precision of a third, a copy that
     hides 0.2 s pays against 0.05 s (half a chunk) wasted two times in three, not against 0.25 s."""
     from evalsuite.engine.lazy_link import LazyLink
-    from evalsuite.engine.transfer import LINKS, TransferWorker
+    from evalsuite.engine.links import LINKS
+    from evalsuite.engine.transfer import TransferWorker
 
     sent = {}
     for chunk_s in (0.1, None):  # None: a real link, whose chunk is its share of a copy's measured time

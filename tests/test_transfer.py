@@ -10,7 +10,8 @@ import torch
 import evalsuite
 from evalsuite.engine.copies import HostCopies, LateCopies
 from evalsuite.engine.store import HostStore
-from evalsuite.engine.transfer import LINKS, Link, TransferCancelled, TransferWorker, TransferError, parse_link
+from evalsuite.engine.links import LINKS, Link, parse_link
+from evalsuite.engine.transfer import TransferCancelled, TransferWorker, TransferError
 
 from .helpers import reference_model
 

@@ -31,7 +31,8 @@ import time
 import torch
 
 from .serial_link import Copy, SerialLink
-from .transfer import Link, TransferCancelled, TransferError, default_chunk_bytes
+from .links import Link, default_chunk_bytes
+from .transfer import TransferCancelled, TransferError
 
 INLINE_MAX_BYTES = 2**20  # an expert this small copies in less time than a thread hand-off
 SPIN_S = 0.02  # a wait is spun, not slept, for its last 20 ms (a tiny expert's SD-card copy is 3.2 ms)

@@ -28,7 +28,8 @@ from .shadows import ShadowPredictions
 from .store import Checkpoint, ExpertLayout
 from .tiers import build_tiers, restore_experts
 from .token_kinds import image_token_ids
-from .transfer import TransferError, parse_link
+from .links import parse_link
+from .transfer import TransferError
 
 IMPLEMENTATION = "evalsuite"
 

@@ -13,7 +13,7 @@ import torch
 from .cache import POLICIES, capacity_in_experts
 from .modes import MODES
 from .prediction import PREDICTORS
-from .transfer import parse_link
+from .links import parse_link
 
 STORES = ("host", "disk")
 POOLS = ("global", "per-layer")

@@ -38,7 +38,7 @@ from .. import timing
 from ..engine.cache import capacity_in_experts
 from ..engine.metrics import recall_summary, summarise
 from ..engine.modes import MODES, REFERENCE
-from ..engine.transfer import parse_link
+from ..engine.links import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
 from ..predict.predictors import PREDICTORS as PREDICTOR_CLASSES

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.cache import ExpertCache
-from ..engine.transfer import CHUNK_SECONDS
+from ..engine.links import CHUNK_SECONDS
 from .replay import PERFECT_PREFETCH, SIMULATED_MODES, Replay
 from ..engine.trace import RoutingTrace
 
