@@ -177,7 +177,10 @@ class Engine(ExpertFetching):
         ids = image_token_ids(model)
         self.image_ids = torch.tensor(ids) if ids else None  # metrics by token kind
         if trace:  # its router hooks go first, so they see the native routing
-            self._start_trace()
+            from .trace import TraceRecorder
+
+            self.tracer, hooks = TraceRecorder.attach(self)
+            self._hooks += hooks
         self.shadows = None
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
             self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget,
@@ -211,22 +214,6 @@ class Engine(ExpertFetching):
             artifact = kind.load(predictor_path, self.model, self.layers)
         return kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
                           self.device)
-
-    def _start_trace(self) -> None:
-        from .trace import TraceRecorder
-
-        meta = {"mode": self.mode, "model": self.model.config._name_or_path, "family": self.family.__name__,
-                "expert_bytes": self.layout.nbytes, "budget": self.budget}
-        layer = self.layers[0]
-        self.tracer = TraceRecorder([l.index for l in self.layers], layer.num_experts, layer.top_k, meta)
-        for l in self.layers:
-            self._hooks.append(l.router.register_forward_hook(self._native_hook(l.index)))
-
-    def _native_hook(self, layer: int):
-        def hook(module, args, output):
-            if not self.forward.looking_ahead:
-                self.tracer.native(layer, output[2].detach().clone())  # the model may reuse its tensor
-        return hook
 
     def routing_trace(self):
         """The RoutingTrace recorded so far (offload(..., trace=True))."""

@@ -101,7 +101,7 @@ class RoutingTrace:
 
 
 class TraceRecorder:
-    """Collects a RoutingTrace from the engine's hooks (see Engine)."""
+    """Collects a RoutingTrace from the engine's hooks (`attach`) and the prediction driver's calls."""
 
     def __init__(self, layers, experts: int, top_k: int, meta: dict):
         self.trace = RoutingTrace(list(layers), experts, top_k, meta=meta)
@@ -109,6 +109,22 @@ class TraceRecorder:
         self._prefill: dict[int, list[int]] | None = None
         self._prompt: dict[int, PromptRows] = {}  # the running prefill's rows scored per sparse layer
         self._next: dict[int, list[int]] = {}  # predictions made for the next decode step's layers
+
+    @classmethod
+    def attach(cls, engine) -> tuple[TraceRecorder, list]:
+        """A recorder of `engine`'s routing, and a hook on each of its routers that records the native choice
+        (registered before any hook that changes the routing, it sees the router's own)."""
+        first = engine.layers[0]
+        meta = {"mode": engine.mode, "model": engine.model.config._name_or_path, "family": engine.family.__name__,
+                "expert_bytes": engine.layout.nbytes, "budget": engine.budget}
+        recorder = cls([layer.index for layer in engine.layers], first.num_experts, first.top_k, meta)
+
+        def native_of(index: int):
+            def hook(module, args, output):
+                if not engine.forward.looking_ahead:
+                    recorder.native(index, output[2].detach().clone())  # the model may reuse its tensor
+            return hook
+        return recorder, [layer.router.register_forward_hook(native_of(layer.index)) for layer in engine.layers]
 
     def forward_started(self, forward: Forward) -> None:
         """A new forward pass (evalsuite.engine.forward.Forward): only batch-1 ones are recorded."""
