@@ -113,7 +113,7 @@ class TraceRecorder:
     @classmethod
     def attach(cls, engine) -> tuple[TraceRecorder, list]:
         """A recorder of `engine`'s routing, and a hook on each of its routers that records the native choice
-        (registered before any hook that changes the routing, it sees the router's own)."""
+        (attached before any hook that changes the routing, it sees the router's own)."""
         first = engine.layers[0]
         meta = {"mode": engine.mode, "model": engine.model.config._name_or_path, "family": engine.family.__name__,
                 "expert_bytes": engine.layout.nbytes, "budget": engine.budget}
