@@ -3,10 +3,12 @@ import copy
 from types import SimpleNamespace
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import evalsuite
 from evalsuite.engine.cache import capacity_in_experts
-from evalsuite.engine.prompt_precision import PromptOutcomes, PromptRows, prompt_rows
+from evalsuite.engine.prompt_precision import PROMPT_ROWS, PromptOutcomes, PromptRows, prompt_rows
 from evalsuite.engine.scheduler import PrefetchScheduler
 from evalsuite.perf.replay import Replay
 
@@ -55,6 +57,32 @@ def test_padding_is_left_out_and_the_first_layer_is_scored_against_the_next_row(
     assert shifted == prompt_rows(scores_for(CANDIDATES[:3]), IDS[1:], budget=2)
     two = prompt_rows(scores_for(CANDIDATES * 2), torch.cat([IDS, IDS]), budget=2, sequences=2)
     assert two.position == [0, 1, 2, 3] * 2  # each sequence's rows count from its own start
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, PROMPT_ROWS + 20), experts=st.integers(4, 9), top_k=st.integers(1, 3),
+       budget=st.integers(1, 4), seed=st.integers(0, 2**16), shifted=st.booleans())
+def test_each_row_is_scored_as_counted_row_by_row(length, experts, top_k, budget, seed, shifted):
+    """prompt_rows against the definition, counted over again row by row: each of the last PROMPT_ROWS rows'
+    candidates (its scores' top `budget`), whether its (next, if shifted) row's routing picked each, and how many
+    rows back that routing last used it (0: no row before)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(length, experts, generator=g)  # (distinct: one ranking)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(length)])
+    rows = prompt_rows(scores, ids, budget, shifted=shifted)
+    own_scores, routed = (scores[:-1], ids[1:].tolist()) if shifted else (scores, ids.tolist())
+    if not routed:
+        assert rows is None
+        return
+    start = max(0, len(routed) - PROMPT_ROWS)
+    expected = PromptRows([], [], [])
+    for i in range(start, len(routed)):
+        ranked = sorted(range(experts), key=lambda e: -own_scores[i, e].item())[:budget]
+        before = [max((j for j in range(i) if e in routed[j]), default=None) for e in ranked]
+        expected.position.append(i)
+        expected.picked.append([e in routed[i] for e in ranked])
+        expected.last_used.append([0 if j is None else i - j for j in before])
+    assert rows == expected
 
 
 def test_the_prompt_only_lowers_what_the_send_rule_weighs():

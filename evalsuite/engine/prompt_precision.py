@@ -90,18 +90,21 @@ def prompt_rows(scores: torch.Tensor, ids: torch.Tensor, budget: int, sequences:
         length = own_ids.shape[0]
         if length == 0:
             continue
-        row = torch.arange(length, device=scores.device)
-        used = torch.zeros(length, experts, dtype=torch.bool, device=scores.device).scatter_(1, own_ids, True)
-        last = torch.where(used, row[:, None], -1).cummax(dim=0).values  # per row and expert: its last use, inclusive
-        before = torch.cat([torch.full_like(last[:1], -1), last[:-1]])  # ... before the row
-        keep = slice(max(0, length - PROMPT_ROWS), None)
-        candidates = own_scores[keep].topk(budget, dim=-1).indices
-        back = before[keep].gather(1, candidates)
-        back = torch.where(back >= 0, row[keep, None] - back, 0)
-        hit = (candidates.unsqueeze(-1) == own_ids[keep].unsqueeze(1)).any(-1)
-        position += row[keep].tolist()
-        picked += hit.tolist()
-        last_used += back.tolist()
+        # read once to the host and walked in Python: a few hundred list operations for a prompt's rows, where
+        # the same in tensor calls (a cumulative max over a rows × experts table) took 20-odd calls, ~0.25 ms at
+        # each sparse layer of a prefill (tiny-qwen3-moe, a 16-token prompt, pcie4: TTFT 1.216 → 1.174 of
+        # on-demand's with gate, 1.352 → 1.261 with the estimator)
+        start = max(0, length - PROMPT_ROWS)
+        routed, ranked = own_ids.tolist(), own_scores[start:].topk(budget, dim=-1).indices.tolist()
+        last: dict[int, int] = {}  # expert -> the last row that used it, of the rows walked so far
+        for i, used in enumerate(routed):
+            if i >= start:
+                candidates = ranked[i - start]
+                position.append(i)
+                picked.append([e in used for e in candidates])
+                last_used.append([i - last[e] if e in last else 0 for e in candidates])
+            for e in used:
+                last[e] = i
     return PromptRows(position, picked, last_used) if position else None
 
 
