@@ -220,7 +220,7 @@ class PredictionDriver:
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
             later = Later(score, reads, engine.budget, pos, x, residual, ids, weights,
-                          resident=engine.cache.resident_bits[self.layer_of[target]])
+                          resident=engine.cache.resident_bits[self.target_layer_of[pos]])
             self.pending[target] = later
             self.put_off += 1
             if engine.tracer is not None:

@@ -67,8 +67,9 @@ class QuietToken:
     the driver, (x, residual, ids, weights, their versions, what the cache holds of the layer it predicts),
     appended as the token runs; `first`: the prediction for its first sparse layer (made at the last token's
     last, a Later), or None. `driver` says what each position predicts (`target_of`) and how (its
-    `_score_ahead`, `_score_next`, the predictor's reads, the engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`). `kinds`:
-    where its forward pass's image and text tokens are (TokenKinds; None for a text model), for recall by kind."""
+    `_score_ahead`, `_score_next`, the predictor's reads, the engine's budget). The token's Laters are made from
+    `inputs` when first asked for (`prediction_for`). `kinds`: where its forward pass's image and text tokens are
+    (TokenKinds; None for a text model), for recall by kind."""
 
     __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
 

@@ -29,7 +29,7 @@ pm(l, r)   the same over the rank-r candidates that were missing from the cache 
            mostly what the cache already holds), so with a large cache pm can be well below p
            (docs/performance.md, "The prefetch policy"). Counted on online predictions alone, pm rested
            on the few a layer makes where most are put off and stayed near its prior p (tiny-qwen3-moe,
-           SD card, cache 50 %: 0.73-0.9 for rank 0 of the next token's first layer, 0.25-0.44 over
+           SD card, cache 50 %: 0.73-0.9 for rank 0 of the next token's first layer, 0.23-0.45 over
            every prediction). Shrunk towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT. The send rule
            shrinks it towards the prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower
            (send_precision).
