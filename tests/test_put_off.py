@@ -254,21 +254,27 @@ def test_on_a_slow_link_predictions_are_made_and_sent_online():
 def test_the_miss_rate_the_scheduler_reads_counts_recent_decode_uses_only():
     """A prefill starts on a cold cache: counting its misses would keep the rate high long after the
     cache warmed, and so would a decode's first tokens, which miss far more than the rest: older uses fade
-    (MISS_RATE_MEMORY steps). With every expert fitting, a decode use misses only the first time its expert runs."""
+    (MISS_RATE_MEMORY steps). With every expert fitting, a decode use misses only the first time its expert runs.
+    The prior, one use, misses as often as the layer's experts are absent from the cache: before any decode use,
+    the share the prefill did not bring."""
     model, ids, mask, _ = copy_and_reference(rows=1, tokens=12)
     with evalsuite.offload(model, mode="on-demand", cache_capacity="all", trace=True) as engine, torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # a prefill alone
+        after_prefill = {layer.index: engine.miss_rate(layer.index) for layer in engine.layers}
         model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
         trace = engine.routing_trace()
         rates = {layer: engine.miss_rate(layer) for layer in trace.layers}
-    (_, prefill), = trace.prefills
+    first, (_, prefill) = trace.prefills
+    assert any(0 < rate < 1 for rate in after_prefill.values())  # a prior neither 0 nor the old 1
     keep = fading_keep(engine.layers[0].top_k)  # older uses fade
     for pos, layer in enumerate(trace.layers):
-        seen, uses, missed = set(prefill[pos]), 0.0, 0.0
+        assert after_prefill[layer] == pytest.approx(1 - len(set(first[1][pos])) / trace.experts, rel=1e-12)
+        seen, uses, missed = set(first[1][pos]) | set(prefill[pos]), 0.0, 0.0
         for step in trace.steps:
             for e in sorted(set(step[pos].native)):
                 uses, missed, seen = uses * keep + 1, missed * keep + (e not in seen), seen | {e}
-        # from a prior of one use that missed
-        assert rates[layer] == pytest.approx((missed + 1) / (uses + 1), rel=1e-12)
+        absent = 1 - len(seen) / trace.experts  # nothing is evicted: the cache holds every expert that ran
+        assert rates[layer] == pytest.approx((missed + absent) / (uses + 1), rel=1e-12)
 
 
 def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches(monkeypatch):

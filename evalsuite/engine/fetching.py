@@ -33,9 +33,14 @@ def count_use(tally: list[float], missed: bool, keep: float) -> None:
     tally[1] = tally[1] * keep + missed
 
 
-def rate_of(tally) -> float:
-    """The tally's miss rate, from a prior of one use that missed (see ExpertFetching.miss_rate)."""
-    return (tally[1] + 1) / (tally[0] + 1)
+def rate_of(tally, absent: float) -> float:
+    """The tally's miss rate, from a prior of one use that missed `absent` of the time (ExpertFetching.miss_rate)."""
+    return (tally[1] + absent) / (tally[0] + 1)
+
+
+def absent_share(bits: int, experts: int) -> float:
+    """The share of a layer's `experts` the cache does not hold (`bits`: ExpertCache.resident_bits of the layer)."""
+    return 1.0 - bits.bit_count() / experts
 
 
 class ExpertFetching:
@@ -115,12 +120,16 @@ class ExpertFetching:
     def miss_rate(self, layer: int) -> float:
         """Share of sparse layer `layer`'s recent decode expert uses that would have missed without prefetching
         (older uses fade: MISS_RATE_MEMORY): misses, and hits on experts a prefetch brought, from a prior of one
-        use that missed (1 before any use: the first decode token's two hits on the SD card read 0, and the
-        scheduler put that layer's predictions off for the next six tokens, each a copy's stall). Decode only: a
-        prefill starts on a cold cache, and its misses would keep the rate high long after the cache warmed (on a
-        32-token request at a 50 % cache, the scheduler then expected 2.6 times the missing candidates there
-        were)."""
-        return rate_of(self._decode_tally.get(layer, (0.0, 0.0)))
+        use that missed as often as the layer's experts are absent from the cache as it stands (with no decode use
+        yet, that share: without a prior, the first decode token's two hits on the SD card read 0, and the
+        scheduler put that layer's predictions off for the next six tokens, each a copy's stall; a prior of a miss
+        read 1 where the prefill had filled the cache, and kept a new engine's first tokens predicting online for
+        nothing: tiny-qwen3-vl-moe at a 50 % cache, gate online at 10 of its first five tokens' 20 layers, now 6).
+        Decode only: a prefill starts on a cold cache, and its misses would keep the rate high long after the cache
+        warmed (on a 32-token request at a 50 % cache, the scheduler then expected 2.6 times the missing candidates
+        there were)."""
+        absent = absent_share(self.cache.resident_bits[layer], self._experts_in[layer])
+        return rate_of(self._decode_tally.get(layer, (0.0, 0.0)), absent)
 
     def settle_prefetches(self, layer: int, confirmed) -> int:
         """Sparse layer `layer`'s router chose `confirmed`: its prefetches the router did not pick

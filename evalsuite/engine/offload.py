@@ -141,6 +141,7 @@ class Engine(ExpertFetching):
         self.missed = 0  # demand loads started, over the engine's life (the scheduler's stall per miss)
         self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed], fading (miss_rate)
         self._tally_keep = fading_keep(self.layers[0].top_k)  # what an older use still weighs
+        self._experts_in = {layer.index: layer.num_experts for layer in self.layers}  # (miss_rate's prior)
         self.prefetch_work_s, self._prefetch_n = 0.0, 0  # compute-thread seconds issuing, cancelling, promoting
         self.prefetch_cost_s: float | None = None  # compute-thread seconds per prefetch (see _prefetch_work)
         self.demand_work_s, self._demand_n = 0.0, 0  # compute-thread seconds starting demand loads, and how many

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from ..engine.cache import ExpertCache
-from ..engine.fetching import count_use, fading_keep, rate_of
+from ..engine.fetching import absent_share, count_use, fading_keep, rate_of
 from ..engine.metrics import Counters, summarise
 from ..engine.modes import MODES, Mode
 from ..engine.scheduler import PrefetchScheduler
@@ -266,8 +266,10 @@ class Replay:
             self.cache.unpin(key)
 
     def miss_rate(self, layer: int) -> float:
-        """Engine.miss_rate: recent decode uses that would have missed without prefetching, from a prior of one miss."""
-        return rate_of(self._layer_uses.get(layer, (0.0, 0.0)))
+        """Engine.miss_rate: recent decode uses that would have missed without prefetching, from a prior of one use
+        missing as often as the layer's experts are absent from the cache."""
+        absent = absent_share(self.cache.resident_bits[layer], self.trace.experts)
+        return rate_of(self._layer_uses.get(layer, (0.0, 0.0)), absent)
 
     def _acquire(self, key, protect) -> None:
         if not self.prefilling:  # a prefetched expert's use would have missed
