@@ -202,3 +202,26 @@ def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
     replay.run()
     assert sum(replay.scheduler.seen.values()) == seen  # made or put off, every prediction scored
     assert replay.predict < sum(replay.scheduler.seen.values()) * 1e-3  # (most of the replay's were put off)
+
+
+def test_the_replayed_miss_rate_starts_from_the_share_of_experts_the_cache_lacks(monkeypatch):
+    # as Engine.miss_rate: before a layer's first decode use its rate is the share of its experts absent from the
+    # cache as it stands (a prior of one miss read 1 where the prefill had filled the cache)
+    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.perf.replay import Replay
+
+    trace, capacity = _gate_trace()
+    replay = Replay(trace, COSTS, capacity, "router-preserving", trace.top_k, True, "lru")
+    read, judge = [], PrefetchScheduler.worth_predicting
+
+    def reading(self, target_pos, h):
+        layer = self._index[target_pos]
+        if layer not in replay._layer_uses:  # no decode use of the layer yet
+            held = sum(1 for key in replay.cache.slot_of if key[0] == layer)
+            read.append((replay.miss_rate(layer), 1 - held / trace.experts))
+        return judge(self, target_pos, h)
+
+    monkeypatch.setattr(PrefetchScheduler, "worth_predicting", reading)
+    replay.run()
+    assert read and all(rate == pytest.approx(absent, rel=1e-12) for rate, absent in read)
+    assert any(0 < rate < 1 for rate, _ in read)
