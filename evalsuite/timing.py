@@ -16,12 +16,21 @@ probe      a fixed piece of compute, timed before and after every measured task:
            machine changes speed by 2x over minutes with no load of its own to show for it, and
            runs timed one after another then differ by that. The table flags TPOTs whose probes
            differ by more than DRIFT: their order measures the machine, not the modes.
+heap       timed decoding runs with the objects alive when it starts (the libraries, the model, the
+           engine) frozen out of the garbage collector (`frozen_heap`), as serving engines freeze their
+           start-up heap: a collection then walks what the timed work allocated, not the process. Without
+           it, a collection of the oldest generation walked ~390K objects (0.22-0.24 s, inside one decode
+           token, about one request in a hundred of the bench's), and a young one the objects a new engine
+           was built from (3-4 ms, a few times a hundred requests): pauses that land on whichever mode
+           happens to allocate when they come due (docs/performance-runs.md, the 76th measurement).
 """
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -76,6 +85,21 @@ def drift(probes: list[float]) -> float | None:
     probes = [p for p in probes if p]
     ratio = max(probes) / min(probes) if probes else 1.0
     return ratio if ratio > DRIFT else None
+
+
+@contextmanager
+def frozen_heap():
+    """Within it, every object alive on entry is out of the garbage collector's reach (gc.freeze), and back in
+    reach after (gc.unfreeze: both are list splices, not walks). Where the caller froze a heap already, it leaves
+    that as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def warm_up(model, tokenizer, engine=None, rows: int = 1) -> None:

@@ -1,11 +1,14 @@
 """One timing protocol for every TPOT: threads pinned and recorded, the machine recorded, a warm-up,
 TPOT with its spread, and timings from a busy machine flagged instead of printed bare."""
+import gc
 import json
 
 import pytest
 import torch
 
 from evalsuite import timing
+from evalsuite.generate import load_model
+from evalsuite.perf.decode import greedy, random_prompt
 from evalsuite.lm.suite import format_rows, run_suite
 from evalsuite.results import ResultsDB
 
@@ -55,16 +58,48 @@ def test_a_cpu_timing_is_busy_when_the_load_leaves_no_core_per_thread(monkeypatc
         timing.pin(0)
 
 
+def test_a_frozen_heap_keeps_what_was_alive_from_the_collector_until_it_ends():
+    assert gc.get_freeze_count() == 0
+    class Cycle:  # garbage only a collection reclaims
+        pass
+    before = Cycle()
+    before.me = before
+    with timing.frozen_heap():
+        assert gc.get_freeze_count() > 0  # everything alive on entry, `before` included
+        made = Cycle()
+        made.me = made
+        del made
+        assert gc.collect() >= 1  # what the frozen work allocated is still collected
+        with timing.frozen_heap():  # a caller's frozen heap is left as it is
+            pass
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0  # back in the collector's reach
+    del before
+    assert gc.collect() >= 1
+
+
+def test_the_bench_decodes_with_a_frozen_heap():
+    model, _ = load_model(shipped_model())
+    frozen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda *_: frozen.append(gc.get_freeze_count() > 0))
+    greedy(model, random_prompt(model, 4), 3)
+    hook.remove()
+    assert frozen == [True] * 3 and gc.get_freeze_count() == 0
+
+
 def test_eval_pins_threads_records_them_and_the_machine_and_warms_up(tmp_path, monkeypatch):
     monkeypatch.setattr("evalsuite.lm.request.git_commit", lambda: "0" * 40)
     warmed = []
     real = timing.warm_up
     monkeypatch.setattr(timing, "warm_up", lambda *a: (warmed.append(a[2].mode), real(*a)))
+    probe, frozen = timing.probe, []  # taken around each task, inside its frozen heap
+    monkeypatch.setattr(timing, "probe", lambda *a: (frozen.append(gc.get_freeze_count() > 0), probe(*a))[1])
     torch.set_num_threads(2)
     db = tmp_path / "r.db"
     rows = run_suite([shipped_model()], ["resident", "on-demand"], ["evalsuite_yesno"], 2, db_url=f"sqlite:///{db}",
                      out_dir=str(tmp_path / "json"), progress=lambda *_: None, threads=1)
     assert torch.get_num_threads() == 1 and warmed == ["resident", "on-demand"]
+    assert frozen == [True] * 4 and gc.get_freeze_count() == 0  # the tasks are timed with the start-up heap frozen
     with ResultsDB(f"sqlite:///{db}") as results:
         configs = [json.loads(c) if isinstance(c, str) else c for c in results.runs()["config"]]
     assert all(c["threads"] == 1 and c["machine"]["cores"] >= 1 and c["machine"]["device"] == "cpu" for c in configs)

@@ -129,25 +129,26 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
         if set(target.tasks) - done:
             timing.warm_up(lm.model, target.tokenizer, lm.engine)
-        for task in target.tasks:
-            if task in done:
-                continue
-            progress(f"[evalsuite] {name} / {mode} / {task} (limit {request.limit}, run {run_id})")
-            started, before = time.time(), timing.probe(request.device)
-            results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
-                                                       request.confirm_run_unsafe_code))
-            results["timing"] = {"probe_ms": [before, timing.probe(request.device)]}  # the CPU's speed around it
-            if mode == REFERENCE:
-                reference[task] = results
-            else:
-                find_reference(db, config, task, reference, progress)
-            diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
-                mode != REFERENCE else {}
-            results["divergence"] = diverged
-            save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
-            db.add_lm_eval_tasks(run_id, results, results.get("engine"))
-            rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
-                               busy=timing.busy(request.device), probes=results["timing"]["probe_ms"])
+        with timing.frozen_heap():  # what the warm-up left is start-up heap, as a server's after its own
+            for task in target.tasks:
+                if task in done:
+                    continue
+                progress(f"[evalsuite] {name} / {mode} / {task} (limit {request.limit}, run {run_id})")
+                started, before = time.time(), timing.probe(request.device)
+                results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+                                                           request.confirm_run_unsafe_code))
+                results["timing"] = {"probe_ms": [before, timing.probe(request.device)]}  # the CPU's speed around it
+                if mode == REFERENCE:
+                    reference[task] = results
+                else:
+                    find_reference(db, config, task, reference, progress)
+                diverged = divergence(results, reference[task], target.tokenizer) if task in reference and \
+                    mode != REFERENCE else {}
+                results["divergence"] = diverged
+                save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
+                db.add_lm_eval_tasks(run_id, results, results.get("engine"))
+                rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
+                                   busy=timing.busy(request.device), probes=results["timing"]["probe_ms"])
     return rows
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..engine.arch import sparse_layers
+from ..timing import frozen_heap
 
 
 def load_bench_model(spec: str, layers: int, device: str, workdir: str | None = None, prompt_tokens: int = 16):
@@ -64,11 +65,12 @@ def other_prompt(model, tokenizer, like: torch.Tensor) -> torch.Tensor:
 def greedy(model, ids, tokens, forced: torch.Tensor | None = None) -> torch.Tensor:
     """Greedy decoding of `tokens` new tokens, batch 1: the prompt and each step's greedy token.
     With `forced` (a reference's output, prompt included) each step feeds the reference's token
-    instead of its own: the work is the reference's, the returned tokens are this model's."""
+    instead of its own: the work is the reference's, the returned tokens are this model's. Timed as the suite
+    times (evalsuite.timing.frozen_heap)."""
     from transformers import DynamicCache
 
     cache, steps = DynamicCache(config=model.config), [ids]
-    with torch.no_grad():
+    with torch.no_grad(), frozen_heap():
         feed = ids
         for i in range(tokens):
             logits = model(input_ids=feed, cache=cache, use_cache=True).logits
