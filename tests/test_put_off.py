@@ -162,7 +162,7 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     assert quiet.made_at(1)() == [2]  # layer 1's x, scored for the next token's first layer (-x)
     assert [quiet.made_at(pos).resident for pos in (0, 1)] == [0, 1]  # what the cache held as each layer ran
     changed = token()
-    changed.inputs[0][0].add_(1)
+    changed.inputs[0].add_(1)  # layer 0's x (QuietToken.inputs: FIELDS entries a layer, x first)
     with pytest.raises(RuntimeError, match="changed in place"):
         changed.prediction_for(1).scores()
 

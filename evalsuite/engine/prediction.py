@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable
 
 import torch
@@ -266,14 +265,15 @@ class PredictionDriver:
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
         quiet.keep(x, self.residual.get(0), ids, weights, engine.cache.resident_bits.get(self.target_layer_of[0]))
-        # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read)
+        # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read:
+        # QuietToken.ranked_for, the token itself standing for each of its predictions)
         for pos, layer in enumerate(self.layer_of):
             if (first if pos == 0 else self.source_of[pos]) is not None:
                 self.current.setdefault(layer, []).append(quiet)
         if engine.tracer is not None:
             for pos, target in enumerate(self.target_of):
                 if target is not None:
-                    engine.tracer.predicted(self.layer_of[target], partial(quiet.ranked_at, pos))
+                    engine.tracer.predicted(self.layer_of[target], quiet)
         return True
 
     def _score_ahead(self, state: LayerState) -> torch.Tensor | None:

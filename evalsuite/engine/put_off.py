@@ -63,41 +63,48 @@ def versions_of(x, residual, ids, weights) -> tuple:
 
 
 class QuietToken:
-    """A decode token whose every prediction is put off, unasked. `inputs[pos]`: what sparse layer `pos` gave
-    the driver, (x, residual, ids, weights, their versions, what the cache holds of the layer it predicts),
-    appended as the token runs; `first`: the prediction for its first sparse layer (made at the last token's
-    last, a Later), or None. `driver` says what each position predicts (`target_of`) and how (its
-    `_score_ahead`, `_score_next`, the predictor's reads, the engine's budget). The token's Laters are made from
-    `inputs` when first asked for (`prediction_for`). `kinds`: where its forward pass's image and text tokens are
+    """A decode token whose every prediction is put off, unasked. `inputs`: what each sparse layer gave the driver,
+    appended as the token runs, FIELDS entries a layer: x, residual, ids, weights, their version counters, and what
+    the cache holds of the layer it predicts (one flat list: a tuple a layer outlived the token as two objects
+    more for the garbage collector to count and walk until the request ends); `first`: the prediction for its
+    first sparse layer (made at the last token's last, a Later), or None. `driver` says what each position
+    predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the engine's
+    budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`); the trace asks
+    for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens are
     (TokenKinds; None for a text model), for recall by kind."""
 
     __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
+    FIELDS = 9
 
     def __init__(self, driver, first: Later | None, kinds=None):
-        self.inputs: list[tuple] = []
+        self.inputs: list = []
         self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
 
     def keep(self, x, residual, ids, weights, resident: int | None) -> None:
-        """Sparse layer len(inputs)'s inputs, with their version counters now, and the resident experts of the layer
+        """The next sparse layer's inputs, with their version counters now, and the resident experts of the layer
         it predicts (see Later)."""
         # (versions_of written out: this runs at every layer of a quiet token, and the call cost 0.5 of its 2.4 us)
-        self.inputs.append((x, residual, ids, weights, (
-            x._version, None if residual is None else residual._version, ids._version, weights._version), resident))
+        self.inputs.extend((x, residual, ids, weights, x._version, None if residual is None else residual._version,
+                            ids._version, weights._version, resident))
+
+    def ran(self, pos: int) -> bool:
+        """Whether sparse layer `pos` ran and kept its inputs (a forward pass cut short leaves the rest)."""
+        return len(self.inputs) > pos * self.FIELDS
 
     def complete(self) -> bool:
-        """Whether every sparse layer of the token ran (a forward pass cut short leaves it incomplete)."""
-        return len(self.inputs) == len(self._driver.target_of)
+        """Whether every sparse layer of the token ran."""
+        return len(self.inputs) == len(self._driver.target_of) * self.FIELDS
 
     def made_at(self, pos: int) -> Later:
         """The prediction sparse layer `pos` of this token put off (for the layer `target_of[pos]`)."""
         later = self._made.get(pos)
         if later is None:
-            driver = self._driver
-            x, residual, ids, weights, versions, resident = self.inputs[pos]
+            driver, at = self._driver, pos * self.FIELDS
+            x, residual, ids, weights, *versions, resident = self.inputs[at:at + self.FIELDS]
             score, reads = ((driver._score_ahead, driver.predictor.reads) if driver.target_of[pos]
                             else (driver._score_next, ("x",)))
             later = self._made[pos] = Later(score, reads, driver.engine.budget, pos, x, residual, ids, weights,
-                                            versions, resident)
+                                            tuple(versions), resident)
         return later
 
     def prediction_for(self, pos: int) -> Later | None:
@@ -107,9 +114,11 @@ class QuietToken:
         source = self._driver.source_of[pos]
         return None if source is None else self.made_at(source)
 
-    def ranked_at(self, pos: int) -> list[int]:
-        """The ranked candidates of the prediction layer `pos` put off (what the trace reads)."""
-        return self.made_at(pos)()
+    def ranked_for(self, layer: int) -> list[int]:
+        """The ranked candidates of the prediction this token put off for decoder layer `layer` (what the trace
+        reads: the token's own layers but its first, and the next token's first)."""
+        driver = self._driver
+        return self.made_at(driver.source_of[driver.pos_of[layer]])()
 
     def ids(self, pos: int) -> torch.Tensor:
-        return self.inputs[pos][2]
+        return self.inputs[pos * self.FIELDS + 2]

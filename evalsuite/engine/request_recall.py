@@ -26,7 +26,7 @@ def score_request(record, steps: dict, pos_of: dict, recall_ks, learn: Callable 
         made, kinds_of, pos = [], [], pos_of[layer]  # (scores, native ids, rows), and token kinds, per step
         for step in layer_steps:
             if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
-                if len(step.inputs) <= pos:
+                if not step.ran(pos):
                     continue
                 predicted, native, rows, kinds = step.prediction_for(pos), step.ids(pos), None, step.kinds
             else:

@@ -147,10 +147,12 @@ class TraceRecorder:
             self._prefill[layer] = list(ids)
 
     def predicted(self, layer: int, ranked) -> None:
-        """`ranked`: the candidates, or a function giving them once the trace is read."""
+        """`ranked`: the candidates; or, to be ranked once the trace is read, a function giving them
+        (engine.put_off.Later) or a put-off token with `ranked_for(layer)` (engine.put_off.QuietToken)."""
         if self._step is None:
             return
-        ranked = ranked if callable(ranked) else list(ranked)
+        if type(ranked) is list or not (callable(ranked) or hasattr(ranked, "ranked_for")):
+            ranked = list(ranked)
         routing = self._step.get(layer)
         if routing is None:  # (_routing written out: this runs at every layer)
             self._step[layer] = LayerRouting([], None, ranked)
@@ -185,9 +187,12 @@ class TraceRecorder:
     def result(self) -> RoutingTrace:
         self._flush()
         for step in self.trace.steps:
-            for routing in step:
+            for layer, routing in zip(self.trace.layers, step):
                 if not isinstance(routing.native, list):  # the router's tensor, read once here
                     routing.native = sorted(set(routing.native.flatten().tolist()))
-                if callable(routing.predicted):  # a prediction made after its request (engine.prediction.Later)
-                    routing.predicted = list(routing.predicted())
+                predicted = routing.predicted  # a prediction made after its request (engine.put_off)
+                if callable(predicted):
+                    routing.predicted = list(predicted())
+                elif hasattr(predicted, "ranked_for"):
+                    routing.predicted = list(predicted.ranked_for(layer))
         return self.trace
