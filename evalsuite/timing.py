@@ -19,10 +19,10 @@ probe      a fixed piece of compute, timed before and after every measured task:
 heap       timed decoding runs with the objects alive when it starts (the libraries, the model, the
            engine) frozen out of the garbage collector (`frozen_heap`), as serving engines freeze their
            start-up heap: a collection then walks what the timed work allocated, not the process. Without
-           it, a collection of the oldest generation walked ~390K objects (0.22-0.24 s, inside one decode
-           token, about one request in a hundred of the bench's), and a young one the objects a new engine
-           was built from (3-4 ms, a few times a hundred requests): pauses that land on whichever mode
-           happens to allocate when they come due (docs/performance-runs.md, the 76th measurement).
+           it, a collection of the oldest generation walked ~390K objects (0.22-0.24 s inside one decode
+           token, twice in ~400 timed requests), and one of the middle generation the objects a new engine
+           was built from (3-4 ms, in 15-30 of 100 requests with a predictor): pauses that land on whichever
+           mode happens to allocate when they come due (docs/performance-runs.md, the 76th measurement).
 """
 from __future__ import annotations
 

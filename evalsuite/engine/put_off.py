@@ -65,13 +65,13 @@ def versions_of(x, residual, ids, weights) -> tuple:
 class QuietToken:
     """A decode token whose every prediction is put off, unasked. `inputs`: what each sparse layer gave the driver,
     appended as the token runs, FIELDS entries a layer: x, residual, ids, weights, their version counters, and what
-    the cache holds of the layer it predicts (one flat list: a tuple a layer outlived the token as two objects
-    more for the garbage collector to count and walk until the request ends); `first`: the prediction for its
-    first sparse layer (made at the last token's last, a Later), or None. `driver` says what each position
-    predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the engine's
-    budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`); the trace asks
-    for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens are
-    (TokenKinds; None for a text model), for recall by kind."""
+    the cache holds of the layer it predicts (one flat list: a tuple a layer and one of its versions were two
+    objects more a layer for the garbage collector to count and walk until the request ends); `first`: the
+    prediction for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what
+    each position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the
+    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`); the trace
+    asks for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens
+    are (TokenKinds; None for a text model), for recall by kind."""
 
     __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
     FIELDS = 9
