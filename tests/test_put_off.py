@@ -10,6 +10,7 @@ import evalsuite
 from evalsuite.engine.fetching import fading_keep
 
 from .helpers import copy_and_reference, shipped_model
+from .test_modes import artifact_for
 
 
 def recall_and_put_off(link, window=True):
@@ -32,12 +33,13 @@ def test_a_prediction_that_cannot_pay_is_made_after_the_request_with_the_same_re
     assert predicted == online_predicted  # the trace holds them too
 
 
-def record_of_run(may_quiet: bool):
-    """A router-preserving gate run of 24 tokens, quiet tokens allowed or not: its output, recall, trace
-    predictions, per-rank precision and quiet tokens."""
+def record_of_run(may_quiet: bool, predictor: str = "gate"):
+    """A router-preserving run of 24 tokens, quiet tokens allowed or not: its output, recall, trace predictions,
+    per-rank precision and quiet tokens."""
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=24)
-    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=0.5,
-                           trace=True) as engine, torch.no_grad():
+    artifact = artifact_for("qwen3_moe") if predictor != "gate" else None
+    with evalsuite.offload(model, mode="router-preserving", predictor=predictor, artifact=artifact,
+                           cache_capacity=0.5, trace=True) as engine, torch.no_grad():
         engine.driver.may_quiet = may_quiet
         out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
         s, trace, scheduler = engine.stats(), engine.routing_trace(), engine.driver.scheduler
@@ -46,16 +48,17 @@ def record_of_run(may_quiet: bool):
                 dict(scheduler.picked), engine.driver.quiet_tokens)
 
 
-def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records_the_same(monkeypatch):
-    """Where every layer's verdict to put off stands, a decode token is quiet: its layers keep their inputs and
-    nothing else, and its predictions are made from them after the request, for the same recall, trace and
-    per-rank precision as predictions put off one by one (the same as made online: the test above). Here
-    making a prediction online is said to cost a second, so every verdict, once judged, puts it off."""
+@pytest.mark.parametrize("predictor", ["gate", "estimator"])  # it reads x; the residual, ids and weights
+def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records_the_same(monkeypatch, predictor):
+    """Where every layer's verdict to put off stands, a decode token is quiet: its layers keep the inputs their
+    predictions read and nothing else, and its predictions are made from them after the request, for the same
+    recall, trace and per-rank precision as predictions put off one by one (the same as made online: the test
+    above). Here making a prediction online is said to cost a second, so every verdict, once judged, puts it off."""
     from evalsuite.engine.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
-    *quiet_record, quiet_tokens = record_of_run(True)
-    *record, none = record_of_run(False)
+    *quiet_record, quiet_tokens = record_of_run(True, predictor)
+    *record, none = record_of_run(False, predictor)
     # 23 decode steps: the first, with no layer time, predicts its second layer online; the next judges that layer
     assert quiet_tokens == 21 and none == 0
     assert quiet_record == record

@@ -99,6 +99,11 @@ class PredictionDriver:
                 self.source_of[target] = pos
         self.pos_of = {layer: pos for pos, layer in enumerate(self.layer_of)}
         self.predicted_per_token = sum(target is not None for target in self.target_of)  # in a decode token
+        # what a quiet token keeps of each sparse layer besides its ids (recall's native routing): (x, residual,
+        # weights), each where the prediction made from it reads it (a tensor kept to its request's end costs more
+        # than itself: the memory it holds is not reused, docs/performance-runs.md, the 78th measurement)
+        self.quiet_keeps = [tuple(field in reads for field in ("x", "residual", "weights")) for reads in (
+            () if target is None else predictor.reads if target else ("x",) for target in self.target_of)]
         # A mode that executes its predictions must change the router's output, so it hooks the router. For the
         # others the engine's experts implementation calls on_router, with the router's input and choice it gets
         # anyway: a module hook costs every call of its module, and where predictions are put off that cost is
@@ -139,7 +144,9 @@ class PredictionDriver:
         quiet = self.quiet
         if quiet is not None:
             if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (QuietToken)
-                quiet.keep(x, self.residual.get(pos), ids, weights,
+                keeps_x, keeps_residual, keeps_weights = self.quiet_keeps[pos]
+                quiet.keep(x if keeps_x else None, self.residual.get(pos) if keeps_residual else None, ids,
+                           weights if keeps_weights else None,
                            self.engine.cache.resident_bits.get(self.target_layer_of[pos]))
                 return None
             self.quiet = None
@@ -264,7 +271,9 @@ class PredictionDriver:
         quiet = self.quiet = QuietToken(self, first, engine.forward.kinds)
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
-        quiet.keep(x, self.residual.get(0), ids, weights, engine.cache.resident_bits.get(self.target_layer_of[0]))
+        keeps_x, keeps_residual, keeps_weights = self.quiet_keeps[0]
+        quiet.keep(x if keeps_x else None, self.residual.get(0) if keeps_residual else None, ids,
+                   weights if keeps_weights else None, engine.cache.resident_bits.get(self.target_layer_of[0]))
         # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read:
         # QuietToken.ranked_for, the token itself standing for each of its predictions)
         for pos, layer in enumerate(self.layer_of):

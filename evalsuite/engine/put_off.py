@@ -81,11 +81,12 @@ class QuietToken:
         self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
 
     def keep(self, x, residual, ids, weights, resident: int | None) -> None:
-        """The next sparse layer's inputs, with their version counters now, and the resident experts of the layer
-        it predicts (see Later)."""
+        """The next sparse layer's inputs (None: one its prediction does not read), with their version counters
+        now, and the resident experts of the layer it predicts (see Later)."""
         # (versions_of written out: this runs at every layer of a quiet token, and the call cost 0.5 of its 2.4 us)
-        self.inputs.extend((x, residual, ids, weights, x._version, None if residual is None else residual._version,
-                            ids._version, weights._version, resident))
+        self.inputs.extend((x, residual, ids, weights, None if x is None else x._version,
+                            None if residual is None else residual._version, ids._version,
+                            None if weights is None else weights._version, resident))
 
     def ran(self, pos: int) -> bool:
         """Whether sparse layer `pos` ran and kept its inputs (a forward pass cut short leaves the rest)."""
