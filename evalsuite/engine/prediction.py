@@ -100,8 +100,8 @@ class PredictionDriver:
         self.pos_of = {layer: pos for pos, layer in enumerate(self.layer_of)}
         self.predicted_per_token = sum(target is not None for target in self.target_of)  # in a decode token
         # what a quiet token keeps of each sparse layer besides its ids (recall's native routing): (x, residual,
-        # weights), each where the prediction made from it reads it (a tensor kept to its request's end costs more
-        # than itself: the memory it holds is not reused, docs/performance-runs.md, the 78th measurement)
+        # weights), each where the prediction made from it reads it (a tensor kept to its request's end is one more
+        # object for the garbage collector to walk until then: docs/performance-runs.md, the 78th measurement)
         self.quiet_keeps = [tuple(field in reads for field in ("x", "residual", "weights")) for reads in (
             () if target is None else predictor.reads if target else ("x",) for target in self.target_of)]
         # A mode that executes its predictions must change the router's output, so it hooks the router. For the

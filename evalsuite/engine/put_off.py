@@ -5,10 +5,10 @@ precision and the trace only; no prefetch comes of them.
 Later       one prediction put off at a layer whose verdict was asked there.
 QuietToken  a decode token none of whose predictions is asked for: every sparse layer's verdict to put
             off stands (PrefetchScheduler.put_off_all), so at each layer the driver only keeps the
-            inputs, and the token's Laters are made from them when the request ends. On a link where no
-            prefetch pays (pcie4, tiny-qwen3-moe) a put-off layer's bookkeeping cost ~3 % of a 3 ms
-            token, keeping the inputs alone ~0.5 % (docs/performance-runs.md, "Quiet tokens, and what a
-            prediction is charged").
+            inputs its prediction reads (PredictionDriver.quiet_keeps) and the ids, and the token's Laters
+            are made from them when the request ends. On a link where no prefetch pays (pcie4,
+            tiny-qwen3-moe) a put-off layer's bookkeeping cost ~3 % of a 3 ms token, keeping the inputs
+            alone ~0.5 % (docs/performance-runs.md, "Quiet tokens, and what a prediction is charged").
 """
 from __future__ import annotations
 
