@@ -144,9 +144,7 @@ class PredictionDriver:
         quiet = self.quiet
         if quiet is not None:
             if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (QuietToken)
-                keeps_x, keeps_residual, keeps_weights = self.quiet_keeps[pos]
-                quiet.keep(x if keeps_x else None, self.residual.get(pos) if keeps_residual else None, ids,
-                           weights if keeps_weights else None,
+                quiet.keep(x, self.residual.get(pos), ids, weights,
                            self.engine.cache.resident_bits.get(self.target_layer_of[pos]))
                 return None
             self.quiet = None
@@ -271,9 +269,7 @@ class PredictionDriver:
         quiet = self.quiet = QuietToken(self, first, engine.forward.kinds)
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
-        keeps_x, keeps_residual, keeps_weights = self.quiet_keeps[0]
-        quiet.keep(x if keeps_x else None, self.residual.get(0) if keeps_residual else None, ids,
-                   weights if keeps_weights else None, engine.cache.resident_bits.get(self.target_layer_of[0]))
+        quiet.keep(x, self.residual.get(0), ids, weights, engine.cache.resident_bits.get(self.target_layer_of[0]))
         # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read:
         # QuietToken.ranked_for, the token itself standing for each of its predictions)
         for pos, layer in enumerate(self.layer_of):

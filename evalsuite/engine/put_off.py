@@ -73,16 +73,21 @@ class QuietToken:
     asks for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens
     are (TokenKinds; None for a text model), for recall by kind."""
 
-    __slots__ = ("inputs", "first", "kinds", "_driver", "_made")
+    __slots__ = ("inputs", "first", "kinds", "_driver", "_made", "_keeps")
     FIELDS = 9
 
     def __init__(self, driver, first: Later | None, kinds=None):
         self.inputs: list = []
         self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
+        self._keeps = driver.quiet_keeps  # per position, whether (x, residual, weights) are read
 
     def keep(self, x, residual, ids, weights, resident: int | None) -> None:
-        """The next sparse layer's inputs (None: one its prediction does not read), with their version counters
-        now, and the resident experts of the layer it predicts (see Later)."""
+        """The next sparse layer's inputs, those its prediction reads (driver.quiet_keeps; the others None) and the
+        ids, with their version counters now, and the resident experts of the layer it predicts (see Later)."""
+        keeps_x, keeps_residual, keeps_weights = self._keeps[len(self.inputs) // self.FIELDS]
+        x = x if keeps_x else None
+        residual = residual if keeps_residual else None
+        weights = weights if keeps_weights else None
         # (versions_of written out: this runs at every layer of a quiet token, and the call cost 0.5 of its 2.4 us)
         self.inputs.extend((x, residual, ids, weights, None if x is None else x._version,
                             None if residual is None else residual._version, ids._version,
