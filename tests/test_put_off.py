@@ -139,6 +139,36 @@ def test_predictions_put_off_teach_the_scheduler_which_candidates_were_missing_w
         assert scheduler.missing_seen == seen and scheduler.missing_picked == picked
 
 
+@pytest.mark.parametrize("predictor, ahead", [("gate", (True, False, False)), ("estimator", (False, True, True))])
+def test_a_quiet_token_keeps_no_input_its_predictions_do_not_read(monkeypatch, predictor, ahead):
+    """A quiet token keeps each layer's ids (recall's native routing) and of (x, residual, weights) only those the
+    prediction made from that layer reads (`ahead`: gate reads x, the estimator the residual, ids and weights); the
+    last layer's prediction, for the next token's first layer, reads x alone. A tensor kept to the request's end
+    is one more object for the collector until then (docs/performance-runs.md, the 78th measurement)."""
+    from evalsuite.engine.prediction import PredictionDriver
+    from evalsuite.engine.put_off import QuietToken
+    from evalsuite.engine.scheduler import PrefetchScheduler
+
+    monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
+    kept, end_request = [], PredictionDriver.end_request
+
+    def read_then_end(driver):
+        tokens = {id(step): step for steps in driver.current.values() for step in steps if type(step) is QuietToken}
+        kept.extend((driver.target_of, token.inputs) for token in tokens.values() if token.complete())
+        end_request(driver)
+
+    monkeypatch.setattr(PredictionDriver, "end_request", read_then_end)
+    record_of_run(True, predictor)
+    assert kept
+    fields = QuietToken.FIELDS
+    for target_of, inputs in kept:
+        for pos, target in enumerate(target_of):
+            x, residual, ids, weights = inputs[pos * fields:pos * fields + 4]
+            assert ids is not None
+            read = ahead if target else (True, False, False)
+            assert (x is not None, residual is not None, weights is not None) == read
+
+
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
     layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a
