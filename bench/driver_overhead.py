@@ -9,6 +9,9 @@ random ids and an emptied cache), the cases interleaved in a rotating order, and
 reports per predictor the median over repeats of the ratio within a repeat, its interquartile range and
 a bootstrap 95 % confidence interval of that median (scipy.stats.bootstrap). A second on-demand case, run
 like the others, is reported the same way first: what the machine's noise alone makes of a ratio that is 1.
+With --by-token N it also says where in the request the time over on-demand's goes: per decode step, the
+median over repeats of the step's time less on-demand's at the same step, summed over the first N steps (a new
+engine's verdicts judged the first time) and averaged over the rest.
 
     python bench/driver_overhead.py --link pcie4 --capacities 0.1,0.25,0.5 --repeats 200
 """
@@ -33,16 +36,18 @@ AGAIN = "on-demand again"  # the control case: on-demand, run as one more case
 
 
 def run_case(model, ids, tokens: int, capacity: float, link: str, predictor: str | None, artifact,
-             earlier=None) -> float:
-    """Median TPOT (ms) of one fresh engine's greedy generation; traced, as the bench runs it. With `earlier`
-    (prompt ids) the engine serves that request first and empties its cache (`evalsuite bench --warm`)."""
+             earlier=None) -> tuple[float, np.ndarray]:
+    """Median TPOT (ms) of one fresh engine's greedy generation, and its decode steps' times (ms); traced, as the
+    bench runs it. With `earlier` (prompt ids) the engine serves that request first and empties its cache
+    (`evalsuite bench --warm`)."""
     options = dict(mode="on-demand") if predictor in (None, AGAIN) else dict(
         mode="router-preserving", predictor=predictor, artifact=artifact)
     with offload(model, cache_capacity=capacity, link=link, trace=True, **options) as engine:
         if earlier is not None:
             serve_earlier(engine, model, earlier, tokens)
         greedy(model, ids, tokens)
-        return engine.stats()["tpot_ms"]["median"]
+        steps = np.diff(engine.record.requests[-1].ends) * 1e3
+        return engine.stats()["tpot_ms"]["median"], steps
 
 
 def main() -> None:
@@ -54,6 +59,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=20, help="calibration epochs for the trained predictors")
+    parser.add_argument("--by-token", type=int, default=0, metavar="N", help="also the time over on-demand's "
+                        "by decode step: summed over the first N steps and averaged over the rest")
     parser.add_argument("--warm", action="store_true", help="each engine serves another request first, as "
                         "`evalsuite bench --warm`; the second is measured")
     args = parser.parse_args()
@@ -68,10 +75,13 @@ def main() -> None:
     cases = [None, AGAIN, *predictors]
     for capacity in [float(c) for c in args.capacities.split(",")]:
         tpot: dict = {case: [] for case in cases}
+        steps: dict = {case: [] for case in cases}
         run_case(model, ids, args.tokens, capacity, args.link, None, artifact, earlier)  # warm-up, not counted
         for r in tqdm(range(args.repeats), desc=f"{args.link} {capacity:g}", leave=False):
             for case in cases[r % len(cases):] + cases[:r % len(cases)]:  # each case first as often
-                tpot[case].append(run_case(model, ids, args.tokens, capacity, args.link, case, artifact, earlier))
+                median, times = run_case(model, ids, args.tokens, capacity, args.link, case, artifact, earlier)
+                tpot[case].append(median)
+                steps[case].append(times)
         on_demand = tpot[None]
         print(f"{args.link}, cache {capacity:g}: on-demand TPOT median {statistics.median(on_demand):.3f} ms "
               f"over {args.repeats} repeats{', warm engines' if args.warm else ''}; router-preserving / on-demand "
@@ -83,6 +93,16 @@ def main() -> None:
                            random_state=0).confidence_interval
             print(f"  {predictor:15s} median {np.median(ratios):.4f}  IQR {q1:.3f}-{q3:.3f}  "
                   f"95 % CI of the median {ci.low:.4f}-{ci.high:.4f}")
+            if args.by_token:
+                print_by_token(steps[predictor], steps[None], args.by_token)
+
+
+def print_by_token(steps: list, on_demand: list, first: int) -> None:
+    """Per decode step, the median over repeats of its time less on-demand's (the same repeat, the same step):
+    summed over the `first` steps, averaged over the rest."""
+    over = np.median(np.array(steps) - np.array(on_demand), axis=0) * 1e3  # us
+    print(f"  {'':15s} by step: the first {first} {over[:first].sum():+.0f} us in all, "
+          f"the {len(over) - first} after {over[first:].mean():+.1f} us each")
 
 
 if __name__ == "__main__":
