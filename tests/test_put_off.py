@@ -177,7 +177,7 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
 
     from evalsuite.engine.put_off import Later, QuietToken
 
-    driver = SimpleNamespace(target_of=[1, 0], source_of=[1, 0], predictor=SimpleNamespace(reads=("x",)),
+    driver = SimpleNamespace(target_of=[1, 0], source_of=[1, 0], reads_of=[("x",), ("x",)],
                              quiet_keeps=[(True, False, False)] * 2,
                              engine=SimpleNamespace(budget=1), _score_ahead=lambda s: s.x, _score_next=lambda s: -s.x)
     ids, weights = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)

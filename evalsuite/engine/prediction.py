@@ -99,11 +99,14 @@ class PredictionDriver:
                 self.source_of[target] = pos
         self.pos_of = {layer: pos for pos, layer in enumerate(self.layer_of)}
         self.predicted_per_token = sum(target is not None for target in self.target_of)  # in a decode token
+        # position -> the LayerState fields its prediction reads (the next token's first layer's: x), None: none made
+        self.reads_of = [None if target is None else predictor.reads if target else ("x",)
+                         for target in self.target_of]
         # what a quiet token keeps of each sparse layer besides its ids (recall's native routing): (x, residual,
         # weights), each where the prediction made from it reads it (a tensor kept to its request's end is one more
         # object for the garbage collector to walk until then: docs/performance-runs.md, the 78th measurement)
-        self.quiet_keeps = [tuple(field in reads for field in ("x", "residual", "weights")) for reads in (
-            () if target is None else predictor.reads if target else ("x",) for target in self.target_of)]
+        self.quiet_keeps = [tuple(field in (reads or ()) for field in ("x", "residual", "weights"))
+                            for reads in self.reads_of]
         # A mode that executes its predictions must change the router's output, so it hooks the router. For the
         # others the engine's experts implementation calls on_router, with the router's input and choice it gets
         # anyway: a module hook costs every call of its module, and where predictions are put off that cost is
@@ -208,9 +211,9 @@ class PredictionDriver:
         if target is None:
             return replaced
         if target > 0:
-            score, reads = self._score_ahead, self.predictor.reads
+            score = self._score_ahead
         elif decoding:  # the next token's first sparse layer
-            score, reads = self._score_next, ("x",)
+            score = self._score_next
         else:
             if self.prompt_first is not None:
                 self._score_prompt_first(x)
@@ -223,7 +226,7 @@ class PredictionDriver:
         if (self.may_wait and decoding
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, reads, engine.budget, pos, x, residual, ids, weights,
+            later = Later(score, self.reads_of[pos], engine.budget, pos, x, residual, ids, weights,
                           resident=engine.cache.resident_bits[self.target_layer_of[pos]])
             self.pending[target] = later
             self.put_off += 1

@@ -68,7 +68,7 @@ class QuietToken:
     the cache holds of the layer it predicts (one flat list: a tuple a layer and one of its versions were two
     objects more a layer for the garbage collector to count and walk until the request ends); `first`: the
     prediction for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what
-    each position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, the predictor's reads, the
+    each position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, `reads_of`, the
     engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`); the trace
     asks for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens
     are (TokenKinds; None for a text model), for recall by kind."""
@@ -107,10 +107,9 @@ class QuietToken:
         if later is None:
             driver, at = self._driver, pos * self.FIELDS
             x, residual, ids, weights, *versions, resident = self.inputs[at:at + self.FIELDS]
-            score, reads = ((driver._score_ahead, driver.predictor.reads) if driver.target_of[pos]
-                            else (driver._score_next, ("x",)))
-            later = self._made[pos] = Later(score, reads, driver.engine.budget, pos, x, residual, ids, weights,
-                                            tuple(versions), resident)
+            score = driver._score_ahead if driver.target_of[pos] else driver._score_next
+            later = self._made[pos] = Later(score, driver.reads_of[pos], driver.engine.budget, pos, x, residual, ids,
+                                            weights, tuple(versions), resident)
         return later
 
     def prediction_for(self, pos: int) -> Later | None:
