@@ -123,7 +123,7 @@ def tpot_tiny(model: str, device: str, links: list[str], predictors: list[str], 
 
 
 def targets(result: dict) -> list[str]:
-    """Each performance target (docs/performance.md, "Where the engine stands") that `result`'s rows read on,
+    """Each performance target that `result`'s rows read on (those docs/performance.md reports the bench against),
     met or missed: router-preserving TPOT at most 1.03 of on-demand's with every predictor; trace-oracle closing
     at least 0.8 of the on-demand -> overlap-bound gap on ufs4 and the SD card, speculative/quasi teacher-forced
     at least 0.5; the trained adapter and estimator at least 1.10x on-demand's decode speed on the SD card at 25 %.
@@ -141,8 +141,8 @@ def targets(result: dict) -> list[str]:
                     out.append(_verdict(f"{where}: {case} decode speed / on-demand", 1 / ratio, 1 / ratio >= 1.10,
                                         ">= 1.10"))
             wanted = {"trace-oracle": 0.8, "quasi": 0.5}.get(row["predictor"])
-            goal = row["mode"] == "speculative" if row["predictor"] == "quasi" else row["mode"] == "router-preserving"
-            if wanted is not None and goal and cfg["link"] in ("ufs4", "sdcard"):
+            its_mode = "speculative" if row["predictor"] == "quasi" else "router-preserving"
+            if wanted is not None and row["mode"] == its_mode and cfg["link"] in ("ufs4", "sdcard"):
                 label = f"{where}: {case} gap closed"
                 out.append(f"  -     {label}: no gap to close (under 5 % of on-demand)" if gap is None
                            else _verdict(label, gap, gap >= wanted, f">= {wanted}"))
