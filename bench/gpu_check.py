@@ -169,7 +169,9 @@ def main() -> int:
         return 2
     device = "cpu" if args.cpu else "cuda"
     layers, tokens, repeats = (2, 4, 1) if args.cpu else (args.layers, args.tokens, args.repeats)
-    sections = {int(s) for s in args.sections.split(",")}
+    sections = set(args.sections.replace(" ", "").split(","))
+    if not sections <= {"1", "2", "3", "4"}:
+        parser.error(f"--sections {args.sections!r}: name sections among 1,2,3,4, comma-separated")
     torch.set_num_threads(1 if args.cpu else torch.get_num_threads())
     started = time.time()
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
@@ -183,22 +185,22 @@ def main() -> int:
         out.write_text("\n".join(lines) + "\n")
         out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
 
-    if 1 in sections:
+    if "1" in sections:
         print("1. exactness", flush=True)
         failures = check_exactness(device, tokens)
         section("1", f"exactness: {3 * len(EXACT_CASES) * 2 - len(failures)} of {3 * len(EXACT_CASES) * 2} cases "
                      f"bit-identical" + (f"; differ: {', '.join(failures)}" if failures else ""))
-    if 2 in sections:
+    if "2" in sections:
         print("2. device memory", flush=True)
         fits, memory = check_memory(device, layers)
         section("2", ("memory: " if fits else "memory OVER BOUND: ") + memory)
-    if 3 in sections:
+    if "3" in sections:
         print("3. TPOT at real shapes", flush=True)
         links = ["pcie4"] if args.cpu else ["native", "pcie4", "ufs4"]
         results.append(_without_traces(tpot_real_shapes(device, links, layers, tokens, repeats)))
         section("3", f"TPOT, Qwen3-30B-A3B shapes, {layers} sparse layers, bf16, cache 25 %:\n"
                      + format_result(results[-1]))
-    if 4 in sections:
+    if "4" in sections:
         models = [m for m in args.tiny_models.split(",") if m]
         for model in models[:1] if args.cpu else models:
             print(f"4. TPOT of {model}", flush=True)
