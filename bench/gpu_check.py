@@ -116,8 +116,9 @@ def tpot_real_shapes(device: str, links: list[str], layers: int, tokens: int, re
 
 
 def tpot_tiny(model: str, device: str, links: list[str], predictors: list[str], tokens: int, repeats: int) -> dict:
-    """`evalsuite bench` on a shipped trained model, its trained predictors calibrated as the bench does."""
-    artifact, _ = _calibrated(model, predictors, 20)
+    """`evalsuite bench` on a shipped trained model, its trained predictors calibrated as the bench does (its
+    --calibration-epochs default, evalsuite calibrate's: 30)."""
+    artifact, _ = _calibrated(model, predictors, 30)
     return bench_model(model, links, [0.25], predictors, tokens=tokens, repeats=repeats, device=device,
                        artifact=artifact, progress=False)
 

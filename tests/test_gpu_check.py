@@ -23,7 +23,6 @@ def _result(link, capacity, rows):
     return {"model": "m", "configs": [{"link": link, "capacity": capacity, "rows": rows}]}
 
 
-
 def test_router_preserving_tpot_and_the_trained_predictors_speed_on_the_sd_card():
     targets = _gpu_check().targets
     lines = targets(_result("sdcard", 0.25, [
