@@ -15,7 +15,8 @@ busy       a CPU timing taken while the machine had less than a free core per co
 probe      a fixed piece of compute, timed before and after every measured task: a shared virtual
            machine changes speed by 2x over minutes with no load of its own to show for it, and
            runs timed one after another then differ by that. The table flags TPOTs whose probes
-           differ by more than DRIFT: their order measures the machine, not the modes.
+           differ by more than DRIFT: their order measures the machine, not the modes; under it, it
+           still says by how much they differed (`spread`), the floor under which modes do not differ.
 heap       timed decoding runs with the objects alive when it starts (the libraries, the model, the
            engine) frozen out of the garbage collector (`frozen_heap`), as serving engines freeze their
            start-up heap: a collection then walks what the timed work allocated, not the process. Without
@@ -80,11 +81,16 @@ def probe(device: str = "cpu") -> float | None:
     return best * 1e3
 
 
+def spread(probes: list[float]) -> float | None:
+    """max / min of the probes (None without any: off the CPU)."""
+    probes = [p for p in probes if p]
+    return max(probes) / min(probes) if probes else None
+
+
 def drift(probes: list[float]) -> float | None:
     """max / min of the probes, when above DRIFT (else None)."""
-    probes = [p for p in probes if p]
-    ratio = max(probes) / min(probes) if probes else 1.0
-    return ratio if ratio > DRIFT else None
+    ratio = spread(probes)
+    return ratio if ratio is not None and ratio > DRIFT else None
 
 
 @contextmanager

@@ -32,10 +32,14 @@ def test_the_table_names_the_metric_gives_the_spread_and_flags_a_busy_machine():
 def test_the_table_flags_tpots_timed_while_the_machine_changed_speed():
     steady = format_rows([row(probes=[10.0, 10.5]), row(mode="resident", probes=[10.2, 10.1])])
     assert "!" not in steady
+    # under the flag's mark the table still says how far apart the model's modes were timed
+    assert "speed varied by up to 5 % (m) while" in steady
     drifted = format_rows([row(probes=[10.0, 10.5]), row(mode="resident", probes=[16.0, 15.0]),
-                           row(model="other", probes=[10.0, 10.0])])
+                           row(model="other", probes=[10.0, 10.8])])
     assert "5.00 [4.50-6.25]!" in drifted and "m: this machine's speed changed by up to 60 %" in drifted
     assert "other:" not in drifted  # each model's rows are compared among themselves
+    assert "up to 8 % (other) while" in drifted and "(m) while" not in drifted
+    assert "speed" not in format_rows([row()])  # no probes (a device's timing): nothing to say
 
 
 def test_the_probe_times_a_fixed_piece_of_work(monkeypatch):
@@ -45,6 +49,7 @@ def test_the_probe_times_a_fixed_piece_of_work(monkeypatch):
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
     assert timing.probe() == pytest.approx(4.0)  # the fastest repeat: one interruption does not count
     assert timing.drift([4.0, 4.4]) is None and timing.drift([4.0, 6.0]) == pytest.approx(1.5)
+    assert timing.spread([4.0, 4.4]) == pytest.approx(1.1) and timing.spread([None, None]) is None
 
 
 def test_a_cpu_timing_is_busy_when_the_load_leaves_no_core_per_thread(monkeypatch):

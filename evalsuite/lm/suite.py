@@ -158,13 +158,18 @@ def format_rows(rows) -> str:
     between the rows of a model), same tokens."""
     columns = ["model", "task", "metric", "mode", Column("accuracy", ".3f"), Column("recall", ".3f"),
                Column("hit rate", ".3f"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
-    drifted = _drifted(rows)
+    spreads = _speed_spreads(rows)
+    drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
     lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r["accuracy"], r["recall"], r["hit_rate"],
                             _tpot(r, r["model"] in drifted), r["identical_share"]] for r in rows], columns)]
     for model, ratio in drifted.items():
         lines.append(f"! {model}: this machine's speed changed by up to {100 * (ratio - 1):.0f} % while these rows "
                      "were timed (evalsuite.timing.probe): TPOT differences smaller than that are not results; "
                      "compare modes with evalsuite bench (interleaved repeats) or --plan replay (one cost measurement)")
+    steady = [f"{100 * (ratio - 1):.0f} % ({model})" for model, ratio in spreads.items() if model not in drifted]
+    if steady:  # under DRIFT the rows are not flagged, but modes a few percent apart still differ by the machine
+        lines.append(f"this machine's speed varied by up to {', '.join(steady)} while each model's rows were timed "
+                     "(evalsuite.timing.probe): TPOT differences between its modes smaller than that are not results")
     loads = [r["busy"] for r in rows if r.get("busy") is not None]
     if loads:
         lines.append(f"* timed while the machine was busy (load average up to {max(loads):.1f} on {os.cpu_count()} "
@@ -175,13 +180,13 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
-def _drifted(rows) -> dict[str, float]:
-    """model -> how far apart (max / min) the probes around its measured TPOTs are, where beyond timing.DRIFT."""
+def _speed_spreads(rows) -> dict[str, float]:
+    """model -> how far apart (max / min) the probes around its measured TPOTs are (timing.spread)."""
     probes: dict[str, list] = {}
     for r in rows:
         if r.get("probes") and r.get("tpot_ms") is not None and not r.get("replayed"):
             probes.setdefault(r["model"], []).extend(r["probes"])
-    return {model: ratio for model, p in probes.items() if (ratio := timing.drift(p)) is not None}
+    return {model: ratio for model, p in probes.items() if (ratio := timing.spread(p)) is not None}
 
 
 def _tpot(row, drifted: bool = False) -> str:
