@@ -87,11 +87,6 @@ def spread(probes: list[float]) -> float | None:
     return max(probes) / min(probes) if probes else None
 
 
-def drift(probes: list[float]) -> float | None:
-    """max / min of the probes, when above DRIFT (else None)."""
-    ratio = spread(probes)
-    return ratio if ratio is not None and ratio > DRIFT else None
-
 
 @contextmanager
 def frozen_heap():
