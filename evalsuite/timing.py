@@ -87,7 +87,6 @@ def spread(probes: list[float]) -> float | None:
     return max(probes) / min(probes) if probes else None
 
 
-
 @contextmanager
 def frozen_heap():
     """Within it, every object alive on entry is out of the garbage collector's reach (gc.freeze), and back in
