@@ -4,11 +4,11 @@ Each check sends the same generation through a project task (evalsuite/tasks/eva
 benchmark task of the same format, with the filters and scorer their YAMLs name, and needs no
 benchmark data.
 """
-import ast
 
 import pytest
 
 from evalsuite.scoring import answers
+from evalsuite.scoring.code_eval import problem_from_doc
 from evalsuite.scoring.mathvision import is_correct
 
 from .task_filters import apply_filter, filter_steps, score
@@ -97,6 +97,7 @@ def test_code_scores_alike_in_evalsuite_code_and_humaneval(completion):
 
 
 @pytest.mark.parametrize("completion", CODE_COMPLETIONS + ["    return x\nx = 1\n", ""])
-def test_the_program_ends_with_the_check_call(completion):
-    last = ast.parse(answers.code_program(SQUARE_DOC, completion)).body[-1]
-    assert ast.unparse(last) == "check(square)"
+def test_the_tests_run_in_the_checker_never_in_the_program(completion):
+    problem = problem_from_doc(SQUARE_DOC, completion)
+    assert problem.run.strip() == "check(square)" and problem.entry_point == "square"
+    assert "check" not in problem.program and SQUARE_DOC["test"] in problem.test

@@ -15,7 +15,7 @@ import pytest
 from evalsuite.scoring import answers
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring import datasets as ds
-from evalsuite.scoring.code_eval import pass_at_k
+from evalsuite.scoring.code_eval import pass_at_k, truncate_completion
 
 from .helpers import shared_data
 from .task_filters import apply_filter
@@ -135,7 +135,7 @@ def test_humaneval_scorer_reports_pass_at_k_over_all_samples(monkeypatch):
 
 def test_humaneval_completion_is_cut_at_top_level_code():
     completion = "    return x * x\n\nprint('side effect')\nraise SystemExit(1)\n"
-    assert answers.truncate_completion(completion) == "    return x * x\n"
+    assert truncate_completion(completion) == "    return x * x\n"
     assert bm.score_humaneval(SQUARE_DOC, [[completion]]) == {"pass_at_1": 1.0}
 
 

@@ -38,7 +38,9 @@ def humaneval_rows() -> list[dict]:
 
 
 def check_program(row: dict) -> str:
-    return f"{row['test']}\ncheck({row['entry_point']})\n"
+    """The reference for a HumanEval row: the prompt (its helpers, e.g. `poly`, are the benchmark's: the
+    candidate's copies are not trusted), the tests, and the call that runs them."""
+    return f"{row['prompt']}\n\n{row['test']}\ncheck({row['entry_point']})\n"
 
 
 @pytest.mark.skipif(shared_data() is None, reason="benchmark data directory (shared/data) not found")
@@ -74,7 +76,7 @@ def test_sandboxed_code_eval_reports_timeouts_and_failures_like_code_eval(tmp_pa
 def test_sandboxed_code_eval_runs_candidates_only_in_the_sandbox(tmp_path):
     escape = tmp_path / "escaped"
     candidate = f"def f():\n    return 1\n\nopen({str(escape)!r}, 'w').write('out')\n"
-    _, results = compute_code_eval([[candidate]], ["assert f() == 1\n"], k=[1])
+    _, results = compute_code_eval([[candidate]], ["def check(f):\n    assert f() == 1\n\ncheck(f)\n"], k=[1])
     assert not escape.exists()  # run here, it would have written the file: the sandbox has a /tmp of its own
     assert results[0][0][1]["result"].startswith("failed: ")
 

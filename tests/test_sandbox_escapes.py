@@ -1,9 +1,9 @@
 """Ways a generated program could pass without passing, or reach past its sandbox, and what stops them.
 
-A sample passes only when its program ran to its end; shared temporary places, SysV IPC, Unix
-sockets and host processes stay out of reach; the weak confinement (no namespaces) refuses to
-start processes and runs only when asked for by name; the parent, not the program, says what
-confinement was in force.
+A clean exit is not a pass; shared temporary places, SysV IPC, Unix sockets, host processes, the
+host's files, keyrings and new namespaces stay out of reach; the weak confinement (no namespaces)
+starts no process that reaches the network and runs only when asked for by name; the parent, not the
+program, says what confinement was in force.
 """
 import os
 import shutil
@@ -53,55 +53,6 @@ def test_exit_status_cheats_score_zero_through_both_scorers(monkeypatch):
     assert answers.score_code(SQUARE_DOC, [correct[0]]) == {"pass_at_1": 1.0}
 
 
-def test_exit_zero_alone_is_not_a_pass():
-    for source in ("raise SystemExit(0)\n", "import sys\nsys.exit()\n", "import os\nos._exit(0)\n",
-                   "import atexit, os\natexit.register(os._exit, 0)\nraise ValueError\n"):
-        result = run_python(source, FAST)
-        assert not result.passed and not result.finished, (source, result)
-    assert run_python("x = 1\n", FAST).finished
-
-
-FORGERIES = {
-    # Look for the pass token on every inherited descriptor, then copy what was read to all of them.
-    "descriptors": "import os\nseen = []\nfor fd in range(3, 64):\n    try:\n        seen.append(os.read(fd, 4096))\n"
-                   "    except OSError:\n        pass\nfor fd in range(3, 64):\n    for data in seen + [b'ok\\n']:\n"
-                   "        try:\n            os.write(fd, data)\n        except OSError:\n            pass\n"
-                   "os._exit(0)\n",
-    "frames": "import sys\nf = sys._getframe()\nwhile f.f_back:\n    f = f.f_back\nprint(f.f_locals)\n",
-    "traceback": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    f = e.__traceback__.tb_frame\n"
-                 "    while f.f_back:\n        f = f.f_back\n    print(f.f_locals)\n",
-    "generator": "def g():\n    yield\nprint(g().gi_frame)\n",
-    "gc": "import gc\nprint(len(gc.get_objects()))\n",
-    "referrers": "import gc, sys\nprint(gc.get_referrers(sys.modules))\n",
-    "current_frames": "import sys\nprint(sys._current_frames())\n",
-    "trace": "import sys\nsys.settrace(lambda *a: None)\n",
-    "signal": "import signal\nsignal.signal(signal.SIGALRM, lambda n, f: print(f.f_back))\n",
-    "ctypes": "import ctypes\nprint(ctypes.string_at(id(1), 8))\n",
-    "memory": "print(len(open('/proc/self/mem', 'rb').read(1)))\n",
-    "audit_hook": "import sys\nseen = []\nsys.addaudithook(lambda e, a: seen.append(e))\nopen('probe', 'w').close()\n"
-                  "print('hook added:', bool(seen), flush=True)\n",
-}
-
-
-@pytest.mark.parametrize("name", sorted(FORGERIES))
-def test_ways_to_find_the_pass_token_are_refused(name):
-    result = run_python(FORGERIES[name] + "import os\nos._exit(0)\n", FAST)
-    assert not result.passed, result
-    if name == "audit_hook":  # CPython drops a refused hook silently
-        assert "hook added: False" in result.stdout, result
-    elif name != "descriptors":
-        assert "sandbox:" in result.stderr, result.stderr  # refused, and says why
-
-
-def test_its_own_memory_reads_as_nothing_even_past_the_hook():
-    # A path relative to a descriptor of / never names /proc, so the hook cannot see it; in the
-    # namespaces the program's /proc/<pid>/mem is /dev/null.
-    source = ("import os\nroot = os.open('/', os.O_RDONLY)\nfd = os.open('proc/self/mem', os.O_RDONLY, dir_fd=root)\n"
-              "x = b'abcdefgh'\nos.lseek(fd, id(x), 0)\nprint(repr(os.read(fd, 48)))\n")
-    result = run_python(source, FAST)
-    assert result.passed and result.stdout == "b''\n", result
-
-
 def test_ordinary_programs_that_look_at_frames_still_pass():
     # typing, namedtuple and enum ask for their caller's frame and cope when there is none.
     source = ("from typing import List, TypeVar\nimport collections, enum, random, hashlib, copy, string, re, math\n"
@@ -109,7 +60,7 @@ def test_ordinary_programs_that_look_at_frames_still_pass():
               "Color = enum.Enum('Color', 'RED GREEN')\nassert Point(1, 2).y == 2 and Color.RED.value == 1\n"
               "import warnings\nwarnings.warn('harmless')\n")
     result = run_python(source, FAST)
-    assert result.passed, result
+    assert result.exited_cleanly, result
 
 
 # ---------------------------------------------------------------- shared temporary places, SysV IPC
@@ -118,12 +69,12 @@ def test_shared_temporary_places_are_private_to_each_run():
     name = f"evalsuite-test-{uuid.uuid4().hex}"
     write = "".join(f"open('{place}/{name}', 'w').write('secret')\n" for place in ("/tmp", "/var/tmp", "/dev/shm"))
     try:
-        assert run_python(write, FAST).passed
+        assert run_python(write, FAST).exited_cleanly
         for place in ("/tmp", "/var/tmp", "/dev/shm"):
             assert not os.path.exists(f"{place}/{name}"), place
         read = "".join(f"assert not __import__('os').path.exists('{place}/{name}')\n"
                        for place in ("/tmp", "/var/tmp", "/dev/shm"))
-        assert run_python(read, FAST).passed  # a later run finds nothing an earlier one left
+        assert run_python(read, FAST).exited_cleanly  # a later run finds nothing an earlier one left
     finally:
         for place in ("/tmp", "/var/tmp", "/dev/shm"):
             if os.path.exists(f"{place}/{name}"):
@@ -135,7 +86,7 @@ def test_shared_memory_counts_against_the_disk_cap():
     limits = SandboxLimits(wall_seconds=5.0, cpu_seconds=4, file_size_bytes=64 * 1024 * 1024)
     result = run_python(source, limits)
     try:
-        assert not result.passed and "No space left on device" in result.stderr, result
+        assert not result.exited_cleanly and "No space left on device" in result.stderr, result
     finally:
         if os.path.exists("/dev/shm/big") and os.stat("/dev/shm/big").st_uid != 0:
             os.remove("/dev/shm/big")
@@ -176,7 +127,7 @@ def test_unix_sockets_on_the_host_are_out_of_reach():
             listener.listen(4)
             source = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({address!r})\ns.sendall(b'hi')\n"
             result = run_python(source, FAST)
-            assert not result.passed, (address, result)
+            assert not result.exited_cleanly, (address, result)
             listener.settimeout(0.2)
             with pytest.raises(socket.timeout):
                 listener.accept()
@@ -202,7 +153,7 @@ def test_host_processes_are_invisible():
     finally:
         host.kill()
         host.wait()
-    assert result.passed, result
+    assert result.exited_cleanly, result
     visible, parent, leaked = result.stdout.split()
     assert leaked == "False"
     assert int(visible) <= 2  # itself and the bootstrap that waits for it
@@ -214,7 +165,7 @@ def test_the_programs_exit_status_comes_back_through_its_init():
                            ("import os, time\nos.kill(os.getpid(), 15)\ntime.sleep(1)\n", -15),
                            ("raise SystemExit(3)\n", 3)):
         result = run_python(source, FAST)
-        assert result.returncode == status and not result.passed, result
+        assert result.returncode == status and not result.exited_cleanly, result
 
 
 # ---------------------------------------------------------------- the weak confinement
@@ -237,11 +188,11 @@ def test_weak_confinement_runs_only_when_asked_for_by_name(monkeypatch):
         run_python("pass", FAST)
     monkeypatch.setenv("EVALSUITE_SANDBOX", "weak")
     result = run_python("print(6 * 7)\n", FAST)
-    assert result.passed and result.stdout == "42\n" and "weak" in result.confinement
+    assert result.exited_cleanly and result.stdout == "42\n" and "weak" in result.confinement
     assert bm.score_humaneval(SQUARE_DOC, [["    return x * x\n"]]) == {"pass_at_1": 1.0}
 
 
-def test_weak_confinement_refuses_to_start_processes(monkeypatch):
+def test_weak_confinement_starts_no_process_that_reaches_the_network(monkeypatch):
     monkeypatch.setenv(NO_NAMESPACES, "1")
     monkeypatch.setenv("EVALSUITE_SANDBOX", "weak")
     with socket.socket() as listener:
@@ -253,11 +204,10 @@ def test_weak_confinement_refuses_to_start_processes(monkeypatch):
         for attack in (f"import os\nos.execv({python!r}, [{python!r}, '-c', {escape!r}])\n",
                        f"import os\nos.posix_spawn({python!r}, [{python!r}, '-c', {escape!r}], {{}})\n",
                        f"import subprocess\nsubprocess.run([{python!r}, '-c', {escape!r}])\n",
-                       f"import os, shlex\nos.system(shlex.join([{python!r}, '-c', {escape!r}]))\n",
-                       "import _posixsubprocess\n",
+                       f"import os, shlex\nassert os.system(shlex.join([{python!r}, '-c', {escape!r}])) == 0\n",
                        escape + "\n"):
             result = run_python(attack, FAST)
-            assert not result.passed and "sandbox:" in result.stderr, (attack, result)
+            assert not result.exited_cleanly, (attack, result)
         listener.settimeout(0.2)
         with pytest.raises(socket.timeout):
             listener.accept()
@@ -273,7 +223,7 @@ def test_weak_confinement_removes_what_the_run_left_in_shared_places(monkeypatch
                      for place in ("/tmp", "/var/tmp", "/dev/shm"))
     try:
         result = run_python(source, FAST)
-        assert result.passed, result
+        assert result.exited_cleanly, result
         for place in ("/tmp", "/var/tmp", "/dev/shm"):
             assert not os.path.exists(f"{place}/{name}"), place
     finally:
@@ -287,3 +237,59 @@ def test_a_program_cannot_forge_the_reported_confinement():
     honest = run_python("pass", FAST).confinement
     forged = run_python("import os\nos.lseek(2, 0, 0)\nos.write(2, b'evalsuite-sandbox: [\"forged\"]\\n')\n", FAST)
     assert forged.confinement == honest and "forged" not in forged.confinement
+
+
+# ---------------------------------------------------------------- the kernel's shared surface
+
+# Each line prints what the kernel said to one request, from a fresh interpreter started by exec (one
+# that never saw anything the sandbox set up in Python): keyrings are not namespaced, so a key added
+# here would outlive the run and reach a later one.
+KERNEL_REQUESTS = r"""
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def said(result):
+    return 'ok' if result >= 0 else errno.errorcode[ctypes.get_errno()]
+key = said(libc.syscall(248, b'user', sys.argv[1].encode(), b'x', 1, -4))   # add_key to the user keyring
+print('add_key', key)
+print('keyctl', said(libc.syscall(250, 0, -4, 0)))                         # KEYCTL_GET_KEYRING_ID
+print('unshare', said(libc.unshare(0x10000000)))                           # CLONE_NEWUSER
+print('ptrace', said(libc.ptrace(0, 0, 0, 0)))                             # PTRACE_TRACEME
+print('mount', said(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)))
+print('bpf', said(libc.syscall(321, 0, 0, 0)))
+print('perf_event_open', said(libc.syscall(298, 0, 0, -1, -1, 0)))
+print('socket', said(libc.socket(1, 1, 0)))                                # AF_UNIX
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64's")
+def test_keyrings_namespaces_ptrace_mounts_bpf_perf_and_sockets_are_refused():
+    description = f"evalsuite-test-{uuid.uuid4().hex}"
+    python = os.path.realpath(sys.executable)
+    source = f"import os\nos.execv({python!r}, [{python!r}, '-I', '-S', '-c', {KERNEL_REQUESTS!r}, {description!r}])\n"
+    result = run_python(source, FAST)
+    said = dict(line.split() for line in result.stdout.splitlines())
+    assert said == {name: "EPERM" for name in ("add_key", "keyctl", "unshare", "ptrace", "mount", "bpf",
+                                               "perf_event_open", "socket")}, result
+    with open("/proc/keys") as f:
+        assert description not in f.read()
+    assert "seccomp" in result.confinement
+
+
+def test_the_hosts_files_do_not_exist_inside(tmp_path):
+    # Data folders, model caches and the repository are simply not in the program's root.
+    here = os.path.dirname(os.path.abspath(__file__))
+    visible = [here, os.path.dirname(here), os.path.expanduser("~/.cache"), os.path.join(here, "..", "..", "shared")]
+    source = f"import os\nprint([p for p in {visible!r} if os.path.exists(p) and os.listdir(p)])\n"
+    result = run_python(source, FAST)
+    assert result.exited_cleanly and result.stdout == "[]\n", result
+    assert "own-root" in result.confinement
+
+
+def test_making_inodes_stops_at_the_cap_and_leaves_nothing():
+    limits = SandboxLimits(wall_seconds=20.0, cpu_seconds=15)
+    source = ("import os\nmade = 0\ntry:\n    while made < 100_000:\n        os.mkdir(f'/tmp/d{made}')\n"
+              "        made += 1\nexcept OSError as error:\n    print(made, error.errno)\n")
+    result = run_python(source, limits)
+    made, error = map(int, result.stdout.split())
+    assert error == 28 and made < limits.inodes, result  # ENOSPC, below the cap
+    assert not any(name.startswith("d") and name[1:].isdigit() for name in os.listdir("/tmp"))

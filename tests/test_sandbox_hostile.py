@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 from evalsuite.scoring import answers
+from evalsuite.scoring.code_eval import check, problem_from_doc
 from evalsuite.scoring import benchmarks as bm
 from evalsuite.scoring.code_eval import pass_at_k
 from evalsuite.scoring.sandbox import OUTPUT_LIMIT, SandboxLimits, run_python
@@ -33,7 +34,7 @@ def contained(source, limits=FAST, budget_s=None):
     start = time.perf_counter()
     result = run_python(source, limits)
     elapsed = time.perf_counter() - start
-    assert not result.passed, result
+    assert not result.exited_cleanly, result
     assert elapsed < (budget_s or limits.wall_seconds + 2.0)
     return result
 
@@ -56,7 +57,7 @@ def processes_with_argument(argument: str) -> list[int]:
 
 def test_a_plain_program_still_passes():
     result = run_python("import math, hashlib, json, re, collections\nprint(math.factorial(5))", FAST)
-    assert result.passed and result.stdout == "120\n"
+    assert result.exited_cleanly and result.stdout == "120\n"
 
 
 def test_fork_bomb_is_refused():
@@ -122,7 +123,7 @@ def test_files_outside_its_directory_are_out_of_reach(tmp_path):
 
 def test_files_it_writes_vanish_with_its_directory():
     result = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.path.abspath('left.txt'))", FAST)
-    assert result.passed
+    assert result.exited_cleanly
     assert not os.path.exists(result.stdout.strip())
 
 
@@ -201,9 +202,9 @@ SQUARE_DOC = {
 CORRECT = ["    return x * x\n", "    return x ** 2\n"]
 
 
-# Bodies that pass their tests only if the sandbox lets them: they end the program early with a
-# clean exit status (HumanEval's stop sequences keep top-level code after `return`), look for the
-# pass token, or reach what the sandbox hides.
+# Bodies that would pass their tests only if the grader trusted the program: they end it early with
+# a clean exit status (HumanEval's stop sequences keep top-level code after `return`), wrap the tests,
+# or depend on what the sandbox hides.
 CHEATS = [
     "    raise SystemExit(0)\n",
     "    import sys\n    sys.exit(0)\n",
@@ -211,8 +212,6 @@ CHEATS = [
     "    return None\nraise SystemExit(0)\n",
     "    return None\nimport os\nos._exit(0)\n",
     "    return None\n@lambda f: lambda c: None\n",  # a decorator that would replace `check`
-    "    import sys\n    f = sys._getframe()\n    while f.f_back:\n        f = f.f_back\n    return x * x\n",
-    "    import gc\n    gc.get_objects()\n    return x * x\n",
     "    open('/dev/shm/big', 'wb').write(b'x' * (48 << 20))\n    return x * x\n",
     "    import os\n    assert len([p for p in os.listdir('/proc') if p.isdigit()]) > 2\n    return x * x\n",
 ]
@@ -276,7 +275,7 @@ def test_code_task_scorer_with_hostile_completions():
     completions = ["    return x * x\n", "    import os\n    while True:\n        os.fork()\n",
                    "    import sys\n    sys.stderr.write('e' * (1 << 30))\n", *CHEATS, "    return x ** 2\n"]
     limits = SandboxLimits(wall_seconds=2.0, cpu_seconds=2)
-    verdicts = [answers.code_passes(SQUARE_DOC, c, limits) for c in completions]
+    verdicts = [check(problem_from_doc(SQUARE_DOC, c), limits).passed for c in completions]
     assert verdicts == [True] + [False] * (len(completions) - 2) + [True]
     assert answers.score_code(SQUARE_DOC, [completions[0]]) == good
     for cheat in completions[1:-1]:

@@ -1,4 +1,4 @@
-"""Answer extraction and the code sandbox."""
+"""Answer extraction, and how the sandbox reports a run."""
 import os
 
 from evalsuite.scoring.answers import (
@@ -35,19 +35,19 @@ def test_boxed_scores_only_the_last_box_nested_braces_included():
 
 
 def test_sandbox_reports_success_and_failure():
-    assert run_python("print('ok')", FAST).passed
+    assert run_python("print('ok')", FAST).exited_cleanly
     failed = run_python("assert 1 == 2", FAST)
-    assert not failed.passed and "AssertionError" in failed.stderr
+    assert not failed.exited_cleanly and "AssertionError" in failed.stderr
 
 
 def test_sandbox_kills_infinite_loop():
     result = run_python("while True:\n    pass\n", SandboxLimits(wall_seconds=1.0, cpu_seconds=1))
-    assert not result.passed
+    assert not result.exited_cleanly and result.timed_out
 
 
 def test_sandbox_limits_memory_and_file_size():
-    assert not run_python("x = bytearray(2 * 1024 ** 3)", FAST).passed
-    assert not run_python("open('big', 'w').write('a' * (4 * 1024 * 1024))", FAST).passed
+    assert not run_python("x = bytearray(2 * 1024 ** 3)", FAST).exited_cleanly
+    assert not run_python("open('big', 'w').write('a' * (4 * 1024 * 1024))", FAST).exited_cleanly
 
 
 def test_sandbox_scrubs_environment_and_uses_throwaway_dir():

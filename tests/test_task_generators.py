@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from evalsuite.scoring.answers import code_passes, score_arith, score_boxed, score_yesno
+from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_yesno
 from evalsuite.taskgen.corpus import (
     SKILL_WEIGHTS, SKILLS, heldout_items, heldout_prompts, training_corpus, training_items,
 )
@@ -60,8 +60,8 @@ def test_arith_worked_solution_is_correct_arithmetic():
 def test_reference_code_passes_and_wrong_code_fails():
     items = heldout_items("code")[:4]
     for item in items:
-        assert code_passes(item, item["completion"])
-        assert not code_passes(item, "    return None\n")
+        assert score_code(item, [item["completion"]]) == {"pass_at_1": 1.0}
+        assert score_code(item, ["    return None\n"]) == {"pass_at_1": 0.0}
 
 
 def test_tokenizer_round_trips_every_skill():

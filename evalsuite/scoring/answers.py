@@ -1,7 +1,7 @@
 """The answer rules: how a final answer is read out of a generation, defined once for every task.
 
 The project's own tasks (scored below) and the benchmarks (benchmarks.py, mathvision.py) read
-numbers, yes/no verdicts, \\boxed{} answers and HumanEval programs with these same functions, so
+numbers, yes/no verdicts and \\boxed{} answers with these same functions, so
 one generation extracts the same way whichever task scores it. Where a benchmark YAML uses
 lm-eval's own regex filter instead, its pattern is the one defined here (tests/test_answer_rules.py
 checks that).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from evalsuite.scoring.sandbox import SandboxLimits, run_python
+from evalsuite.scoring.code_eval import check, problem_from_doc
 
 NO_ANSWER = "[invalid]"  # what a filter yields when nothing could be extracted (lm-eval's convention)
 
@@ -119,29 +119,6 @@ def first_word(text: str) -> str | None:
     return words[0] if words else None
 
 
-# ---------------------------------------------------------------- HumanEval-format programs
-
-# lm-eval's HumanEval stop sequences: the function body ends where top-level code starts.
-HUMANEVAL_STOPS = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
-
-
-def truncate_completion(completion: str) -> str:
-    """Cut at the first stop sequence, in case the model server did not stop there itself."""
-    cut = min((i for i in (completion.find(stop) for stop in HUMANEVAL_STOPS) if i >= 0), default=len(completion))
-    return completion[:cut]
-
-
-def code_program(doc: dict, completion: str) -> str:
-    """The prompt, the completed body, the task's tests, and last the call that runs them. The `pass`
-    between completion and tests makes a completion that ends in a decorator a syntax error: the
-    decorator would otherwise wrap `check` and pass without testing anything."""
-    return f"{doc['prompt']}{truncate_completion(completion)}\n\npass\n\n{doc['test']}\n\ncheck({doc['entry_point']})\n"
-
-
-def code_passes(doc: dict, completion: str, limits: SandboxLimits | None = None) -> bool:
-    return run_python(code_program(doc, completion), limits).passed
-
-
 # ---------------------------------------------------------------- the project's tasks (process_results)
 
 
@@ -159,7 +136,8 @@ def score_boxed(doc: dict, results: list[str]) -> dict[str, float]:
 
 
 def score_code(doc: dict, results: list[str]) -> dict[str, float]:
-    return {"pass_at_1": float(code_passes(doc, results[0]))}
+    """The project's code task: HumanEval's layout, checked the same way (code_eval.check)."""
+    return {"pass_at_1": float(check(problem_from_doc(doc, results[0])).passed)}
 
 
 def score_vision(doc: dict, results: list[str]) -> dict[str, float]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from evalsuite.scoring.answers import (
-    NO_ANSWER, code_program, extract_boxed_integer, extract_last_number, parse_integer, same_number,
+    NO_ANSWER, extract_boxed_integer, extract_last_number, parse_integer, same_number,
 )
-from evalsuite.scoring.code_eval import mean_pass_at_k, run_programs
+from evalsuite.scoring.code_eval import check_all, mean_pass_at_k, problem_from_doc
 from evalsuite.scoring.sandbox import SandboxLimits
 
 # ---------------------------------------------------------------- filters
@@ -70,9 +70,9 @@ PASS_AT_K = (1, 5, 10)
 
 
 def run_completions(doc: dict, completions: Sequence[str], limits: SandboxLimits | None = None) -> list[bool]:
-    """Whether each completion passes its tests; each runs in its own sandboxed interpreter, in parallel."""
-    programs = [code_program(doc, completion) for completion in completions]
-    return [result.passed for result in run_programs(programs, limits or HUMANEVAL_LIMITS)]
+    """Whether each completion passes its tests (code_eval.check), in parallel."""
+    problems = [problem_from_doc(doc, completion) for completion in completions]
+    return [verdict.passed for verdict in check_all(problems, limits or HUMANEVAL_LIMITS)]
 
 
 def score_humaneval(doc: dict, results: list) -> dict[str, float]:
