@@ -113,11 +113,14 @@ def cmd_calibrate(args) -> int:
     from .generate import load_model
     from .predict.calibrate import calibrate, calibration_texts, token_batches
 
-    for name in ("prompts", "max_len", "rank", "hidden"):
+    for name in ("prompts", "max_len", "rank", "hidden", "shared_width"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.epochs < 0:
-        raise ValueError("--epochs must be 0 or more")
+    for name in ("epochs", "shared_blocks"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be 0 or more")
+    if not 0 <= args.heldout < 1:
+        raise ValueError("--heldout must be a fraction of the batches, 0 or more and below 1")
     texts = calibration_texts(args.data, args.prompts) if args.data else None  # checked before loading
     model, tokenizer = load_model(args.model, args.dtype, args.device)
     if texts is None:
@@ -125,26 +128,58 @@ def cmd_calibrate(args) -> int:
         texts = calibration_texts(None, args.prompts) if tokenizer is not None else [""] * args.prompts
     batches = list(token_batches(texts, tokenizer, model.config.get_text_config().vocab_size, max_len=args.max_len))
     artifact = calibrate(model, batches, args.predictor, rank=args.rank, horizon=args.horizon, hidden=args.hidden,
-                         epochs=args.epochs, lr=args.lr)
+                         epochs=args.epochs, lr=args.lr, shared_width=args.shared_width,
+                         shared_blocks=args.shared_blocks, heldout=args.heldout,
+                         quasi_shared_experts=args.quasi_shared_experts)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "predictor.safetensors")
     artifact.save(path)
-    meta = artifact.meta
+    _print_calibration(artifact.meta, len(batches), path)
+    return 0
+
+
+def _print_calibration(meta: dict, batches: int, path: str) -> None:
+    """What `evalsuite calibrate` made: per predictor its trainable parameters beside its recall@K on the held-out
+    tokens (and on the calibration tokens), then recall per target layer."""
+    def mean(per_layer):
+        return sum(per_layer.values()) / len(per_layer) if per_layer else float("nan")
+
+    held = meta["heldout_batches"]
     print(f"calibrated on {meta['tokens']} tokens; wrote {path}")
+    if held:
+        print(f"held out of training: the last {held} of {batches} batches ({meta['heldout_tokens']} tokens)")
+    else:
+        print(f"nothing held out ({batches} batch{'es' if batches != 1 else ''}): recall on the calibration tokens "
+              "only")
+    params, width = meta["parameters"], max(len("predictor"), *map(len, meta["recall"]))
+    print(f"  {'predictor':<{width}}  {'trainable parameters':>20}  {'held-out recall@K':>17}  "
+          f"{'calibration recall@K':>20}")
+    for name, per_layer in meta["recall"].items():
+        count = params.get(name, params.get(name.split("_")[0]))  # adapter_h2: the adapters' own
+        held_out = meta["heldout_recall"].get(name)
+        note = "*" if name in meta.get("statistics", {}) else " "
+        print(f"  {name:<{width}}  {'-' if count is None else f'{count:,}':>19}{note}  "
+              f"{'-' if not held_out else f'{mean(held_out):.3f}':>17}  {mean(per_layer):>20.3f}")
+    statistics = meta.get("statistics", {})
+    if statistics:
+        print("  * not trained: " + ", ".join(f"{name}'s {what} ({statistics[name]:,} numbers)"
+                                             for name, what in (("quasi", "default vectors"), ("frequency", "counts"))
+                                             if name in statistics) + " are statistics of the calibration tokens")
     print("recall@K per target layer on the calibration tokens, of every predictor (a trained one on the tokens "
-          "it was fitted to):")
+          "it was fitted to)" + (", and on the held-out tokens:" if held else ":"))
     width = max(map(len, meta["recall"]))
     for name, per_layer in meta["recall"].items():
-        mean = sum(per_layer.values()) / len(per_layer) if per_layer else float("nan")
         layers = " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items())
-        print(f"  recall@K {name:<{width}} mean={mean:.3f} {layers}")
+        print(f"  recall@K {name:<{width}} mean={mean(per_layer):.3f} {layers}")
+    for name, per_layer in meta["heldout_recall"].items():
+        layers = " ".join(f"L{k}={v:.3f}" for k, v in per_layer.items())
+        print(f"  held-out {name:<{width}} mean={mean(per_layer):.3f} {layers}")
     if meta.get("next_token_recall"):
         first = meta["layers"][0]
         print(f"recall@K of the next token's first sparse layer (L{first}), predicted at this token's last: "
               + " ".join(f"{name}={value:.3f}" for name, value in meta["next_token_recall"].items()))
     for name, loss in meta["final_loss"].items():
         print(f"  final KL {name}: {loss:.4f}")
-    return 0
 
 
 # lm-eval's and the adapter's settings that `evalsuite eval` passes on (evalsuite.lm.preflight.check_run_options)
@@ -259,7 +294,7 @@ def cmd_train_tiny(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .argtypes import MODES, names_in
-    from .predict.calibrate import TRAINED
+    from .predict.calibrate import HELDOUT, QUASI_SHARED_EXPERTS, TRAINED
 
     modes = names_in(MODES, "mode")
     parser = Parser(prog="evalsuite", description=__doc__)
@@ -290,6 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rank", type=int, default=16, help="adapter rank r (trainable parameters r(D+E) each)")
     c.add_argument("--horizon", type=int, default=1, choices=(1, 2), help="layers ahead the adapters predict")
     c.add_argument("--hidden", type=int, default=64, help="estimator hidden width")
+    c.add_argument("--shared-width", type=int, default=64,
+                   help="adapter-shared width d (trainable parameters d(D+E+A+3) + blocks(4d^2+5d) + E, "
+                        "A anchor layers)")
+    c.add_argument("--shared-blocks", type=int, default=2, help="adapter-shared residual MLP blocks")
+    c.add_argument("--heldout", type=float, default=HELDOUT,
+                   help="fraction of the calibration batches (the last ones, at least one where there are two) held "
+                        "out of training to measure recall on")
+    c.add_argument("--quasi-shared-experts", action=argparse.BooleanOptionalAction, default=QUASI_SHARED_EXPERTS,
+                   help="the quasi state (quasi, estimator, hybrid) adds the shared experts' output on the router "
+                        "input, in models that have them")
     c.add_argument("--epochs", type=int, default=30, help="training epochs of each adapter and estimator")
     c.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     c.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),

@@ -58,8 +58,9 @@ def test_a_quasi_prediction_runs_no_hook_of_the_norm_it_applies():
 
 @pytest.mark.parametrize("model_type", sorted(TINY))
 def test_the_quasi_state_is_the_norm_of_the_residual_plus_the_weighted_default_vectors(model_type):
-    """q = LN_{p+1}(r_p + sum_e w_e v_e), computed the plain way with the norm's own forward, in every family
-    (the predictor's fused calls must compute the same, to rounding)."""
+    """q = LN_{p+1}(r_p + sum_e w_e v_e [+ shared(x_p)]), computed the plain way with the norm's own forward, in
+    every family (the predictor's fused calls must compute the same, to rounding); the shared experts' output on
+    the router input is added where the model has them and the artifact says so (new artifacts do)."""
     model = reference_model(model_type)
     layers, family = arch.sparse_layers(model), arch.family_of(model)
     art = artifact_for(model_type)
@@ -70,9 +71,20 @@ def test_the_quasi_state_is_the_norm_of_the_residual_plus_the_weighted_default_v
     state = LayerState(0, torch.randn(3, hidden, generator=g), torch.randn(3, hidden, generator=g), ids,
                        torch.rand(3, 2, generator=g))
     vectors = art.default_vectors(layers[0].index)
+    block = layers[0].block
     with torch.no_grad():
-        plain = layers[1].norm.forward(state.residual + (state.weights.unsqueeze(-1) * vectors[ids]).sum(dim=1))
-        assert torch.allclose(quasi.quasi_state(state), plain, rtol=1e-5, atol=1e-6)
+        if hasattr(block, "shared_experts"):  # DeepSeek, GLM-4.5: unweighted
+            shared = block.shared_experts(state.x)
+        elif hasattr(block, "shared_expert"):  # Qwen2-MoE: gated
+            shared = torch.sigmoid(block.shared_expert_gate(state.x)) * block.shared_expert(state.x)
+        else:
+            shared = torch.zeros_like(state.x)
+        routed = state.residual + (state.weights.unsqueeze(-1) * vectors[ids]).sum(dim=1)
+        assert art.meta["quasi_shared_experts"] is True
+        assert torch.allclose(quasi.quasi_state(state), layers[1].norm.forward(routed + shared), rtol=1e-5, atol=1e-6)
+        without = Artifact(art.tensors, {**art.meta, "quasi_shared_experts": False})  # the paper's form
+        assert torch.allclose(build_predictor("quasi", layers, family, without).quasi_state(state),
+                              layers[1].norm.forward(routed), rtol=1e-5, atol=1e-6)
 
 
 class _OffsetNorm(torch.nn.Module):
@@ -197,11 +209,12 @@ def test_calibration_measures_the_recall_of_every_predictor_it_trains():
     batches = [(torch.randint(3, 128, (2, 12)), torch.ones(2, 12, dtype=torch.long))]
     art = calibrate(model, batches, predictor="all", rank=3, horizon=2, hidden=8, epochs=0)
     recall = art.meta["recall"]
-    assert set(recall) == {"gate", "quasi", "frequency", "adapter", "adapter_h2", "estimator"}
+    assert set(recall) == {"gate", "quasi", "frequency", "adapter", "adapter_h2", "adapter-shared", "estimator"}
     one_ahead = [str(l.index) for l in layers[1:]]
-    assert all(list(recall[name]) == one_ahead for name in ("gate", "quasi", "frequency", "adapter", "estimator"))
+    assert all(list(recall[name]) == one_ahead
+               for name in ("gate", "quasi", "frequency", "adapter", "adapter-shared", "estimator"))
     assert list(recall["adapter_h2"]) == [str(l.index) for l in layers[2:]]
-    assert recall["adapter"] == recall["gate"]  # untrained adapters (B = 0) predict like the gate
+    assert recall["adapter"] == recall["gate"] == recall["adapter-shared"]  # untrained adapters predict like the gate
     assert all(0 <= v <= 1 for per_layer in recall.values() for v in per_layer.values())
     only_estimator = calibrate(model, batches, predictor="estimator", hidden=8, epochs=0).meta["recall"]
     assert set(only_estimator) == {"gate", "quasi", "frequency", "estimator"}

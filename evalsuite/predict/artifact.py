@@ -11,6 +11,8 @@ from safetensors.torch import load_file, save_file
 
 FORMAT = "evalsuite-predictor/1"
 ESTIMATOR_PARTS = ("w1", "b1", "w2", "b2")  # an estimator's tensors: Linear, GELU, Linear
+SHARED_ADAPTER = "adapter_shared"  # the prefix of the shared adapter's tensors (predictor adapter-shared)
+SHARED_BLOCK_PARTS = ("norm.weight", "norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 _VOLATILE = {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_experts_implementation"}
 
 
@@ -49,6 +51,39 @@ class Artifact:
 
     def estimator(self, layer: int) -> tuple[torch.Tensor, ...]:
         return tuple(self._get(f"estimator.{layer}.{p}") for p in ESTIMATOR_PARTS)
+
+    def shared_adapter_shapes(self, hidden: int, anchors: int, experts: int) -> dict[str, tuple[int, ...]]:
+        """Every tensor of the shared adapter (predictor adapter-shared) and its shape, for router inputs of width
+        `hidden`, `anchors` anchor layers and `experts` experts per target layer, at the artifact's width d
+        (`shared_width`) and block count (`shared_blocks`): proj [d, D] + [d], embed [anchors, d], per block a
+        LayerNorm [d] x 2, fc1 [2d, d] + [2d], fc2 [d, 2d] + [d], then a LayerNorm [d] x 2 and head [E, d] + [E]."""
+        width, blocks = self.meta.get("shared_width"), self.meta.get("shared_blocks")
+        if not (type(width) is int and width >= 1 and type(blocks) is int and blocks >= 0):
+            raise ArtifactError(f"the predictor artifact's adapter-shared size (shared_width={width!r}, "
+                                f"shared_blocks={blocks!r}) is missing or damaged; recalibrate with evalsuite "
+                                "calibrate --predictor adapter-shared")
+        p = SHARED_ADAPTER
+        shapes = {f"{p}.proj.weight": (width, hidden), f"{p}.proj.bias": (width,), f"{p}.embed": (anchors, width)}
+        for i in range(blocks):
+            block = (((width,),) * 2 + ((2 * width, width), (2 * width,), (width, 2 * width), (width,)))
+            shapes.update({f"{p}.block.{i}.{part}": shape for part, shape in zip(SHARED_BLOCK_PARTS, block)})
+        shapes.update({f"{p}.norm.weight": (width,), f"{p}.norm.bias": (width,), f"{p}.head.weight": (experts, width),
+                       f"{p}.head.bias": (experts,)})
+        return shapes
+
+    def shared_adapter(self) -> dict:
+        """The shared adapter's tensors: proj.weight, proj.bias, embed, blocks (per block its SHARED_BLOCK_PARTS),
+        norm (weight, bias) and head (weight, bias)."""
+        p, blocks = SHARED_ADAPTER, self.meta.get("shared_blocks")
+        if not (type(blocks) is int and blocks >= 0):
+            raise ArtifactError(f"the predictor artifact's adapter-shared block count {blocks!r} is missing or "
+                                "damaged; recalibrate with evalsuite calibrate --predictor adapter-shared")
+        return {"proj.weight": self._get(f"{p}.proj.weight"), "proj.bias": self._get(f"{p}.proj.bias"),
+                "embed": self._get(f"{p}.embed"),
+                "blocks": tuple(tuple(self._get(f"{p}.block.{i}.{part}") for part in SHARED_BLOCK_PARTS)
+                                for i in range(blocks)),
+                "norm": (self._get(f"{p}.norm.weight"), self._get(f"{p}.norm.bias")),
+                "head": (self._get(f"{p}.head.weight"), self._get(f"{p}.head.bias"))}
 
     def next_token_adapter(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The adapter of the next token's first sparse layer on the last one's router input, if trained (an
@@ -101,10 +136,32 @@ class Artifact:
             width = self.meta.get("hidden")
             expected.update({"estimator.next_token.w1": (width, last), "estimator.next_token.b1": (width,),
                              "estimator.next_token.w2": (first, width), "estimator.next_token.b2": (first,)})
+        if "adapter_shared" in parts and len(layers) > 1:
+            expected.update(self._shared_adapter_expected(layers))
         for name, shape in expected.items():
             if tuple(self._get(name).shape) != shape:
                 raise ArtifactError(f"predictor artifact tensor {name} has shape {tuple(self.tensors[name].shape)}, "
                                     f"this model needs {shape}; recalibrate with evalsuite calibrate")
+        if "adapter_shared" in parts:  # small tensors: a damaged value is looked for too
+            for name in expected:
+                if name.startswith(SHARED_ADAPTER + ".") and not torch.isfinite(self.tensors[name]).all():
+                    raise ArtifactError(f"predictor artifact tensor {name} holds values that are not finite; "
+                                        "recalibrate with evalsuite calibrate --predictor adapter-shared")
+
+    def _shared_adapter_expected(self, layers) -> dict[str, tuple[int, ...]]:
+        """The shared adapter's tensors for these sparse layers (shared_adapter_shapes), refusing a model whose
+        target layers differ in experts (one head serves them all) and tensors of blocks the metadata lacks."""
+        experts = {layer.num_experts for layer in layers[1:]}
+        if len(experts) != 1:
+            raise ArtifactError(f"predictor adapter-shared needs one number of experts in every target layer, this "
+                                f"model has {sorted(experts)}; use predictor adapter")
+        shapes = self.shared_adapter_shapes(layers[0].router.weight.shape[1], len(layers) - 1, experts.pop())
+        extra = sorted(name for name in self.tensors if name.startswith(SHARED_ADAPTER + ".") and name not in shapes)
+        if extra:
+            raise ArtifactError(f"predictor artifact tensor {extra[0]} is not part of its adapter-shared "
+                                f"(shared_blocks={self.meta.get('shared_blocks')}); recalibrate with evalsuite "
+                                "calibrate --predictor adapter-shared")
+        return shapes
 
     def to(self, device) -> "Artifact":
         return Artifact({k: v.to(device) for k, v in self.tensors.items()}, self.meta)
@@ -137,3 +194,18 @@ class Artifact:
                                     f"{meta.get('model', '?')} (fingerprint {meta.get('fingerprint')}), not this one "
                                     f"({mine}); run evalsuite calibrate for this model")
         return cls(tensors, meta)
+
+
+def predictor_parameters(path: str | None, predictor: str | None) -> int | None:
+    """`predictor`'s trainable parameters as the artifact at `path` counted them (its `parameters` metadata),
+    read without loading the tensors; 0 for the training-free gate rule; None where nothing says."""
+    if predictor == "gate":
+        return 0
+    if not path or predictor is None:
+        return None
+    try:
+        with safe_open(path, framework="pt") as f:
+            counted = json.loads((f.metadata() or {}).get("parameters", "{}"))
+    except (SafetensorError, OSError, ValueError):
+        return None
+    return counted.get(predictor) if isinstance(counted, dict) else None

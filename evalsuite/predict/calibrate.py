@@ -3,6 +3,11 @@ trained adapters and estimators, and per-layer recall, saved as one artifact.
 
 Run on the unmodified model (before `offload`). Targets are the frozen native routers: the
 adapters and estimators minimise KL(softmax(native logits) || softmax(predicted logits)).
+
+The batches are split in two (split_batches): the first part (the calibration tokens) gives the
+default vectors and frequencies and trains the adapters and estimators; the last `heldout` of the
+batches (20 %, at least one, where there are two or more) is never trained on, and measures every
+predictor's recall@K there (`heldout_recall`), beside its trainable parameter count (`parameters`).
 """
 from __future__ import annotations
 
@@ -14,13 +19,16 @@ from ..engine import arch
 from ..engine.kernel import expert_mlp
 from ..engine.metrics import token_recall
 from ..engine.store import ExpertLayout
-from .artifact import ESTIMATOR_PARTS, Artifact, fingerprint
+from .artifact import ESTIMATOR_PARTS, SHARED_ADAPTER, SHARED_BLOCK_PARTS, Artifact, fingerprint
 from ..engine.prediction import LayerState
 from .predictors import (AdapterPredictor, EstimatorPredictor, FrequencyPredictor, GatePredictor, QuasiPredictor,
-                         router_logits)
+                         SharedAdapterPredictor, router_logits, shared_correction)
 
-TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "estimator": ("estimator",),
-           "hybrid": ("estimator",), "all": ("adapter", "estimator")}
+TRAINED = {"gate": (), "quasi": (), "frequency": (), "adapter": ("adapter",), "adapter-shared": ("adapter_shared",),
+           "estimator": ("estimator",), "hybrid": ("estimator",), "all": ("adapter", "adapter_shared", "estimator")}
+HELDOUT = 0.2  # the fraction of the calibration batches held out of training to measure recall on (split_batches)
+# Whether the quasi state adds the shared experts' output (QuasiPredictor): new artifacts' default, measured better
+QUASI_SHARED_EXPERTS = True
 
 
 @torch.no_grad()
@@ -123,6 +131,42 @@ def train_estimator(q, target_logits, hidden, epochs, lr, desc="estimator"):
     return [t.detach() for t in (net[0].weight, net[0].bias, net[2].weight, net[2].bias)], loss
 
 
+def train_shared_adapter(layers, trace, width, blocks, epochs, lr, desc="training adapter-shared, every layer"):
+    """The shared adapter (SharedAdapterPredictor), fitted on every anchor layer's tokens together: each token's
+    router input x at anchor position p, its target the native logits of sparse layer p+1, its prediction those of
+    W_gate^{p+1} x plus the adapter's correction. The head starts at zero, so untrained = gate. Returns the tensors,
+    by artifact name, and the final KL."""
+    anchors = len(layers) - 1
+    x = torch.cat([trace[pos]["x"].float() for pos in range(anchors)])
+    at = torch.cat([torch.full((len(trace[pos]["x"]),), pos, dtype=torch.long) for pos in range(anchors)])
+    with torch.no_grad():
+        base = torch.cat([router_logits(layers[pos + 1].router, trace[pos]["x"]) for pos in range(anchors)])
+    target = torch.cat([trace[pos + 1]["logits"] for pos in range(anchors)])
+    nn = torch.nn
+    proj, norm, head = nn.Linear(x.shape[1], width), nn.LayerNorm(width), nn.Linear(width, base.shape[1])
+    embed = nn.Parameter(torch.randn(anchors, width) * 0.02)
+    residual = [(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Linear(2 * width, width)) for _ in range(blocks)]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+    block_params = [(ln.weight, ln.bias, fc1.weight, fc1.bias, fc2.weight, fc2.bias) for ln, fc1, fc2 in residual]
+    params = [proj.weight, proj.bias, embed, *(t for block in block_params for t in block), norm.weight, norm.bias,
+              head.weight, head.bias]
+
+    def forward(rows):
+        return base[rows] + shared_correction(x[rows], proj.weight, proj.bias + embed[at[rows]], block_params,
+                                              (norm.weight, norm.bias), (head.weight, head.bias))
+
+    loss = _fit(params, forward, torch.arange(len(x)), target, epochs, lr, desc)
+    p = SHARED_ADAPTER
+    tensors = {f"{p}.proj.weight": proj.weight, f"{p}.proj.bias": proj.bias, f"{p}.embed": embed,
+               f"{p}.norm.weight": norm.weight, f"{p}.norm.bias": norm.bias, f"{p}.head.weight": head.weight,
+               f"{p}.head.bias": head.bias}
+    for i, block in enumerate(block_params):
+        tensors.update({f"{p}.block.{i}.{part}": t for part, t in zip(SHARED_BLOCK_PARTS, block)})
+    return {name: t.detach().clone() for name, t in tensors.items()}, loss
+
+
 def recall(scores: torch.Tensor, true_ids: torch.Tensor) -> float:
     """Mean recall@K over tokens, K = the router's top-k (evalsuite.engine.metrics.token_recall)."""
     return token_recall(scores, true_ids, true_ids.shape[1]).mean().item()
@@ -133,9 +177,17 @@ def _layer_state(trace, pos: int) -> LayerState:
     return LayerState(pos, t["x"], t["residual"], t["ids"], t["weights"])
 
 
-def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden, epochs, lr) -> dict[str, float]:
+def train(layers, family, artifact, trace, predictor: str, rank, horizon, hidden, epochs, lr, shared_width: int = 64,
+          shared_blocks: int = 2) -> dict[str, float]:
     """Train the adapters and estimators `predictor` needs into the artifact's tensors; returns each final KL."""
     tensors, losses = artifact.tensors, {}
+    if "adapter_shared" in TRAINED[predictor] and len(layers) > 1:
+        experts = {layer.num_experts for layer in layers[1:]}
+        if len(experts) != 1:
+            raise ValueError(f"predictor adapter-shared needs one number of experts in every target layer, this "
+                             f"model has {sorted(experts)}; calibrate --predictor adapter instead")
+        shared, losses[SHARED_ADAPTER] = train_shared_adapter(layers, trace, shared_width, shared_blocks, epochs, lr)
+        tensors.update(shared)
     quasi = QuasiPredictor(layers, family, artifact)
     for pos, layer in enumerate(layers[:-1]):
         t = trace[pos]
@@ -172,13 +224,16 @@ def _bar(predictor: str, layer, target, next_token: bool = False) -> str:
 
 
 def recalls(layers, family, artifact, trace, predictor: str, horizon: int) -> dict[str, dict[str, float]]:
-    """Recall@K per target layer of every predictor the artifact serves (the trained ones included, measured on
-    the tokens they were fitted to), one step ahead; adapters trained two steps ahead also as `adapter_h2`."""
+    """Recall@K per target layer of every predictor the artifact serves, one step ahead, on the tokens of `trace`;
+    adapters trained two steps ahead also as `adapter_h2`. calibrate() scores the calibration tokens (the trained
+    predictors on the tokens they were fitted to) as `recall`, and the held-out tokens as `heldout_recall`."""
     served = {"gate": (GatePredictor, 1), "quasi": (QuasiPredictor, 1), "frequency": (FrequencyPredictor, 1)}
     if "adapter" in TRAINED[predictor]:
         served["adapter"] = (AdapterPredictor, 1)
         if horizon > 1:
             served["adapter_h2"] = (AdapterPredictor, 2)
+    if "adapter_shared" in TRAINED[predictor]:
+        served["adapter-shared"] = (SharedAdapterPredictor, 1)
     if "estimator" in TRAINED[predictor]:
         served["estimator"] = (EstimatorPredictor, 1)
     out = {}
@@ -204,25 +259,70 @@ def next_token_recalls(layers, family, artifact, trace, predictor: str) -> dict[
         return {name: recall(kind(layers, family, artifact).next_token_scores(x), ids) for name, kind in served.items()}
 
 
+def split_batches(batches: list, heldout: float = HELDOUT) -> tuple[list, list]:
+    """(calibration batches, held-out batches): the last `heldout` of them (rounded, at least one) held out, where
+    there are two or more; one batch is all calibration (nothing held out), as is `heldout` = 0."""
+    if not 0 <= heldout < 1:
+        raise ValueError(f"heldout={heldout!r} must be a fraction of the batches, 0 or more and below 1")
+    held = 0 if len(batches) < 2 or heldout == 0 else min(len(batches) - 1, max(1, round(heldout * len(batches))))
+    return batches[:len(batches) - held], batches[len(batches) - held:]
+
+
+TRAINABLE = {"adapter": "adapter.", "adapter-shared": SHARED_ADAPTER + ".", "estimator": "estimator."}
+
+
+def trainable_parameters(artifact, predictor: str) -> dict[str, int]:
+    """Trainable parameters of every predictor the artifact serves (the names of `recalls`, without `adapter_h2`):
+    the numbers training fitted, every tensor of that predictor (an adapter per anchor layer and horizon and the
+    next token's; the shared adapter; an estimator per anchor layer and the next token's). gate, quasi and
+    frequency have none: quasi's default vectors and frequency's counts are statistics of the calibration tokens
+    (per-expert mean outputs, routing counts: `statistics`), not trained."""
+    counts = {"gate": 0, "quasi": 0, "frequency": 0}
+    for name, part in (("adapter", "adapter"), ("adapter-shared", "adapter_shared"), ("estimator", "estimator")):
+        if part in TRAINED[predictor]:
+            counts[name] = sum(t.numel() for key, t in artifact.tensors.items() if key.startswith(TRAINABLE[name]))
+    return counts
+
+
 def calibrate(model, batches, predictor: str = "all", rank: int = 16, horizon: int = 1, hidden: int = 64,
-              epochs: int = 30, lr: float = 1e-3) -> Artifact:
-    """Everything the predictors need, from the model's own routing on `batches` of (ids, mask)."""
+              epochs: int = 30, lr: float = 1e-3, shared_width: int = 64, shared_blocks: int = 2,
+              heldout: float = HELDOUT, quasi_shared_experts: bool = QUASI_SHARED_EXPERTS) -> Artifact:
+    """Everything the predictors need, from the model's own routing on `batches` of (ids, mask): fitted on the
+    first part of them, scored on both parts (split_batches). `shared_width`, `shared_blocks`: the shared
+    adapter's width d and residual blocks; `quasi_shared_experts`: whether the quasi state (and so the estimators
+    trained on it) adds the shared experts' output (QuasiPredictor)."""
     if predictor not in TRAINED:
         raise ValueError(f"cannot calibrate predictor={predictor!r}: use one of {', '.join(TRAINED)}")
+    if shared_width < 1 or shared_blocks < 0:
+        raise ValueError(f"the shared adapter needs a width of at least 1 and 0 or more blocks, not "
+                         f"shared_width={shared_width}, shared_blocks={shared_blocks}")
     layers, family = arch.sparse_layers(model), arch.family_of(model)
-    trace = collect(model, layers, batches)
-    tensors, meta = {}, {"estimator_gelu": ESTIMATOR_GELU}  # (read as the recalls below are scored)
+    fitted, held = split_batches(list(batches), heldout)
+    trace = collect(model, layers, fitted)
+    held_trace = collect(model, layers, held) if held else None
+    tensors = {}
+    # (read as the predictors below are trained and scored)
+    meta = {"estimator_gelu": ESTIMATOR_GELU, "shared_width": shared_width, "shared_blocks": shared_blocks,
+            "quasi_shared_experts": bool(quasi_shared_experts)}
     for pos, layer in enumerate(layers):
         tensors[f"default_vectors.{layer.index}"] = default_vectors(layer, trace[pos])
         tensors[f"frequency.{layer.index}"] = torch.bincount(trace[pos]["ids"].reshape(-1),
                                                              minlength=layer.num_experts).float()
     artifact = Artifact(tensors, meta)
-    losses = train(layers, family, artifact, trace, predictor, rank, horizon, hidden, epochs, lr)
+    losses = train(layers, family, artifact, trace, predictor, rank, horizon, hidden, epochs, lr, shared_width,
+                   shared_blocks)
+    statistics = {"quasi": sum(tensors[f"default_vectors.{l.index}"].numel() for l in layers),
+                  "frequency": sum(tensors[f"frequency.{l.index}"].numel() for l in layers)}
     meta.update(fingerprint=fingerprint(model, layers), model=model.config._name_or_path or model.config.model_type,
                 model_type=arch.model_type(model), predictor=predictor, rank=rank, horizon=horizon, hidden=hidden,
                 layers=[l.index for l in layers], tokens=int(trace[0]["x"].shape[0]), final_loss=losses,
                 recall=recalls(layers, family, artifact, trace, predictor, horizon),
-                next_token_recall=next_token_recalls(layers, family, artifact, trace, predictor))
+                next_token_recall=next_token_recalls(layers, family, artifact, trace, predictor),
+                parameters=trainable_parameters(artifact, predictor), statistics=statistics,
+                heldout_batches=len(held), heldout_tokens=int(held_trace[0]["x"].shape[0]) if held else 0,
+                heldout_recall=recalls(layers, family, artifact, held_trace, predictor, horizon) if held else {},
+                heldout_next_token_recall=next_token_recalls(layers, family, artifact, held_trace, predictor)
+                if held else {})
     return artifact
 
 
