@@ -13,7 +13,7 @@ export HF_DATASETS_OFFLINE = 1
 #           CHAT_TEMPLATE=1|name PLAN=measure|replay   (no PREDICTOR: each mode runs its own, e.g. gate for speculative, hybrid for hybrid;
 #           a Hub id comes from the local Hugging Face cache, HF_HUB_OFFLINE=0 downloads it)
 MODEL     ?= models/tiny-qwen3-moe,models/tiny-glm4-moe,models/tiny-qwen3-vl-moe
-MODE      ?= resident,on-demand,router-preserving,speculative
+MODE      ?= resident,on-demand,router-preserving,speculative,hybrid
 PREDICTOR ?=
 PREDICTOR_PATH ?=
 TASKS     ?=
@@ -89,11 +89,14 @@ bench: $(STAMP)
 		--predictors gate,trace-oracle,oracle --tokens 8 --repeats 3 --out results/bench/qwen3-30b-a3b
 
 # The shipped models from seed 0: the two text models in parallel (one thread each), then the
-# vision-language one; --resume continues a cut-off run.
+# vision-language one; --resume continues a cut-off run. Each is then calibrated: the predictor.safetensors
+# beside its weights is what the trained predictors (the modes' defaults) read.
 tiny-models: $(STAMP)
 	$(BIN)/evalsuite train-tiny --model qwen --out models --seed 0 --resume & \
 	$(BIN)/evalsuite train-tiny --model glm --out models --seed 0 --resume & wait
 	$(BIN)/evalsuite train-tiny --model vl --out models --seed 0 --resume
+	for m in tiny-qwen3-moe tiny-glm4-moe tiny-qwen3-vl-moe; do \
+		$(BIN)/evalsuite calibrate --model models/$$m --out models/$$m || exit 1; done
 
 clean:
 	rm -rf $(VENV) *.egg-info

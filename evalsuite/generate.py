@@ -91,11 +91,20 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
     return rows
 
 
+def _headline_recall(stats: dict) -> float | None:
+    """recall@K (K the router's top-k; evalsuite.engine.metrics) of an engine summary, None without predictions."""
+    recall = stats.get("recall")
+    if not recall:
+        return None
+    at = recall.get(stats.get("top_k")) or recall[min(recall)]
+    return at["mean"] or 0
+
+
 def format_table(rows) -> str:
     columns = ["mode", "same", Column("recall", ".3f"), Column("uses", "d"), Column("hit rate", ".3f"),
                Column("MB moved", ".2f"), Column("stall ms", ".1f"), Column("TTFT ms", ".2f"), Column("TPOT ms", ".2f")]
     cells = [[r["mode"], {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]],
-              (next(iter(r["recall"].values()))["mean"] or 0) if r["recall"] else None, r["expert_uses"],
+              _headline_recall(r), r["expert_uses"],
               r["hit_rate"], r["bytes_transferred"] / 1e6, r["stall_s"] * 1e3, r["ttft_ms"]["median"],
               r["tpot_ms"]["median"]] for r in rows]
     lines = [_format_table(cells, columns)]

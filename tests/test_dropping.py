@@ -69,10 +69,12 @@ def test_rows_that_end_leave_the_batch_and_keep_their_own_tokens_and_record(mode
     assert [(s.native, s.executed, s.predicted, s.executed_by) for s in sequences] == \
            [(s.native, s.executed, s.predicted, s.executed_by) for s in full_sequences]
     for name in NAMES:
-        for k, layers in full_recall[name].items():
-            assert recall[name][k].keys() == layers.keys()
-            for layer, values in layers.items():
-                assert recall[name][k][layer] == pytest.approx(values, abs=1e-6)
+        assert recall[name].keys() == full_recall[name].keys()
+        for metric, ks in full_recall[name].items():
+            for k, layers in ks.items():
+                assert recall[name][metric][k].keys() == layers.keys()
+                for layer, values in layers.items():
+                    assert recall[name][metric][k][layer] == pytest.approx(values, abs=1e-6)
 
 
 def test_only_an_engine_that_moves_no_experts_lets_rows_leave():

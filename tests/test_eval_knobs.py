@@ -27,7 +27,8 @@ def request(modes, **options):
 
 def test_each_mode_gets_its_own_predictor_when_none_is_given():
     assert "predictor=hybrid" in model_args("m", "hybrid", None, None, 0.25, None)
-    assert "predictor=gate" in model_args("m", "speculative", None, None, 0.25, None)
+    assert "predictor=quasi" in model_args("m", "speculative", None, None, 0.25, None)
+    assert "predictor=adapter" in model_args("m", "router-preserving", None, None, 0.25, None)
     assert "predictor=" not in model_args("m", "on-demand", None, None, 0.25, None)
 
 

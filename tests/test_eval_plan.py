@@ -49,7 +49,8 @@ def _runs(db):
 def test_replayed_runs_are_stored_labelled_and_resumed(tmp_path, monkeypatch):
     db, out = tmp_path / "r.db", tmp_path / "out"
     rows = _suite(db, out, ["resident", "on-demand", "router-preserving"])
-    assert [r["mode"] for r in rows] == ["resident", "on-demand", "router-preserving/gate"]
+    assert [(r["mode"], r["predictor"]) for r in rows] == [
+        ("resident", None), ("on-demand", None), ("router-preserving", "adapter")]
     assert all(r["replayed"] for r in rows)  # marked in the printed table
     configs, samples, _ = _runs(db)
     assert {c["engine_metrics"] for c in configs.values()} == {"replayed"}

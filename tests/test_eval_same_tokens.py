@@ -14,6 +14,10 @@ def _suite(db, modes, limit=3, **options):
                      out_dir=str(db.parent / "out"), progress=lambda *_: None, **options)
 
 
+def _label(row) -> str:
+    return row["mode"] + (f"/{row['predictor']}" if row.get("predictor") else "")
+
+
 def _shares(rows) -> dict:
     return {r["mode"]: r["identical_share"] for r in rows}
 
@@ -41,10 +45,11 @@ def test_replayed_rows_are_compared_in_the_asked_order(tmp_path):
     db = tmp_path / "r.db"
     modes = ["speculative", "router-preserving", "on-demand", "resident"]
     rows = _suite(db, modes, limit=4, plan="replay", batch_size=4)
-    assert [r["mode"] for r in rows] == ["speculative/gate", "router-preserving/gate", "on-demand", "resident"]
+    # each mode runs its own method: SpecPrefetch's adapter, Speculating Experts' quasi state
+    assert [_label(r) for r in rows] == ["speculative/quasi", "router-preserving/adapter", "on-demand", "resident"]
     shares = _shares(rows)
-    assert shares["on-demand"] == shares["router-preserving/gate"] == 1.0 and shares["resident"] is None
-    assert 0.0 <= shares["speculative/gate"] <= 1.0
+    assert shares["on-demand"] == shares["router-preserving"] == 1.0 and shares["resident"] is None
+    assert 0.0 <= shares["speculative"] <= 1.0
     # a speculative pass alone compares with the resident pass stored above (same batch, limit, ...)
     again = _suite(db, ["speculative"], limit=4, plan="replay", batch_size=4, fresh=True)
-    assert _shares(again)["speculative/gate"] == shares["speculative/gate"]
+    assert _shares(again)["speculative"] == shares["speculative"]

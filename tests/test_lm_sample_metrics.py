@@ -93,8 +93,11 @@ def test_a_documents_recall_is_its_own_whichever_documents_ran_beside_it(manager
     assert len(apart) == 2 and apart == {doc: together[doc] for doc in apart}
 
 
-def recall_by_content(results) -> dict[str, float]:
-    return {s["doc_hash"]: s["engine"]["recall"][2]["mean"] for s in results["samples"][TASK]}
+def recall_by_content(results) -> dict[str, tuple]:
+    """Per document, its own recall@k at every k, exact@K and recall_next_token@K (evalsuite.engine.metrics)."""
+    return {s["doc_hash"]: tuple(values["mean"] for metric in ("recall", "exact", "recall_next_token")
+                                 for _, values in sorted(s["engine"][metric].items()))
+            for s in results["samples"][TASK]}
 
 
 def test_lm_eval_cli_with_db_stores_the_run_and_logs_per_sample_metrics(tmp_path, monkeypatch, capsys):

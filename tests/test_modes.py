@@ -14,7 +14,7 @@ from evalsuite.predict.predictors import router_logits
 
 from .helpers import batch, reference_model
 
-PREDICTORS = ("gate", "quasi", "adapter", "estimator", "oracle", "frequency")
+PREDICTORS = ("gate", "quasi", "adapter", "adapter-shared", "estimator", "oracle", "frequency")
 
 
 @functools.lru_cache(maxsize=None)

@@ -29,7 +29,7 @@ def test_a_mode_group_replaces_the_common_list_for_that_mode_alone():
         ("resident", ["gate", "quasi", "adapter", "estimator"]), ("speculative/gate+quasi", ["gate", "quasi"])]
     # a mode no group names runs its default; a list of names is the common group, as before
     assert requested_runs(["router-preserving", "speculative"], "speculative=quasi") == [
-        ("router-preserving", "gate"), ("speculative", "quasi")]
+        ("router-preserving", "adapter"), ("speculative", "quasi")]
     assert requested_runs(["speculative"], ["gate", "quasi"]) == [("speculative", "gate"), ("speculative", "quasi")]
     assert requested_runs(["hybrid", "speculative"], "hybrid=hybrid;speculative=adapter") == [
         ("hybrid", "hybrid"), ("speculative", "adapter")]

@@ -116,10 +116,12 @@ def test_the_first_sparse_layer_is_predicted_across_tokens_and_its_recall_scored
         engine.prefetch = lambda layer, experts, demand=False, keep=(): (sends.append(layer), prefetch(layer, experts, demand, keep))[1]
         out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
         first = engine.layers[0].index
-        recall = engine.stats()["recall"][engine.layers[0].top_k]
+        stats = engine.stats()
+        recall = stats["recall_next_token"][engine.layers[0].top_k]
     assert torch.equal(out, expected)
-    assert first in recall["layers"] and 0 <= recall["layers"][first] <= 1
-    assert recall["samples"] == 2
+    # scored on its own (recall_next_token@K), never in recall@k's within-token mean
+    assert set(recall["layers"]) == {first} and 0 <= recall["layers"][first] <= 1
+    assert recall["samples"] == 2 and first not in stats["recall"][engine.layers[0].top_k]["layers"]
     assert first in sends  # the scheduler was asked to prefetch it
 
 
@@ -131,8 +133,11 @@ def test_trace_oracle_replays_a_resident_run_with_recall_one_on_the_same_tokens(
         for _ in range(2):
             out = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
             assert torch.equal(out, expected)
-        recall = engine.stats()["recall"][engine.layers[0].top_k]
-    assert recall["mean"] == 1.0 and set(recall["layers"]) == {l.index for l in engine.layers}
+        stats = engine.stats()
+    top_k = engine.layers[0].top_k
+    assert stats["recall"][top_k]["mean"] == 1.0 and stats["exact"][top_k]["mean"] == 1.0
+    assert set(stats["recall"][top_k]["layers"]) == {l.index for l in engine.layers[1:]}
+    assert stats["recall_next_token"][top_k]["mean"] == 1.0
 
 
 def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():

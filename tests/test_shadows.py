@@ -38,10 +38,11 @@ def test_shadows_score_each_predictor_as_its_own_router_preserving_run(model_typ
                                    cache_capacity=0.5, recall_k=[1, 2], trace=True)
         for row in range(3):
             _generate(model, *_unpadded(ids, mask, row))
-        measured = engine.take_record().recall
+        measured = engine.take_record().scores
         prompts = engine.routing_trace().prompts
         engine.close()
-        assert shadow_recall[name] == measured, name  # per sample and layer, exactly
+        # recall@k, exact@K and recall_next_token@K per sample and layer, exactly
+        assert shadow_recall[name] == measured and set(measured) == {"recall", "exact", "recall_next_token"}, name
         # and the prompt's rows as the engine's scheduler learns from them (evalsuite.engine.prompt_precision)
         assert [s.prompt[name] for s in sequences] == prompts and all(prompts), name
 
@@ -65,9 +66,10 @@ def test_a_left_padded_batch_records_what_each_row_alone_records(model_type):
         assert together[row].native == sequence.native
         assert together[row].predicted == sequence.predicted
         for name in ("gate", "quasi"):
-            for k, layers in row_recall[name].items():
-                for layer, (value,) in layers.items():
-                    assert recall[name][k][layer][row] == pytest.approx(value)
+            for metric, ks in row_recall[name].items():
+                for k, layers in ks.items():
+                    for layer, (value,) in layers.items():
+                        assert recall[name][metric][k][layer][row] == pytest.approx(value)
 
 
 def test_rows_count_only_the_steps_their_batch_one_run_made():

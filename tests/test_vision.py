@@ -44,13 +44,18 @@ def test_hit_rate_and_recall_are_split_by_token_kind(model_type):
     with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_capacity=4) as engine:
         with torch.no_grad():
             model.generate(**inputs, max_new_tokens=3, do_sample=False, pad_token_id=0)
-        kinds = engine.stats()["by_token_kind"]
+        stats = engine.stats()
+    kinds = stats["by_token_kind"]
     layers, top_k = len(engine.layers), engine.layers[0].top_k
     # 4 image tokens in the prefill; 11 text tokens in the prefill plus 2 decode steps
     assert kinds["image"]["tokens_x_experts"] == 4 * top_k * layers
     assert kinds["text"]["tokens_x_experts"] == (inputs["input_ids"].shape[1] - 4 + 2) * top_k * layers
     for kind in ("image", "text"):
-        assert 0 <= kinds[kind]["hit_rate"] <= 1 and 0 <= kinds[kind][f"recall@{top_k}"] <= 1
+        assert 0 <= kinds[kind]["hit_rate"] <= 1
+    # recall by kind is the headline's, over decode tokens: every one is text, so image tokens have none
+    for name, scores in ((f"recall@{top_k}", stats["recall"][top_k]), (f"exact@{top_k}", stats["exact"][top_k])):
+        assert kinds["image"][name] is None
+        assert kinds["text"][name] == pytest.approx(scores["mean"]) and 0 <= kinds["text"][name] <= 1
 
 
 @pytest.mark.parametrize("quiet", [False, True])
@@ -83,8 +88,10 @@ def test_a_vision_language_model_puts_predictions_off_and_still_counts_recall_by
 
 def test_a_text_only_pass_is_counted_by_kind_as_the_masks_count_it():
     """A pass whose every token is text (each decode step) is counted without the masks' tensor calls: the same
-    hits, uses and recall as through the masks; a pass with an image token or padding goes through the masks."""
+    hits and uses as through the masks; a pass with an image token or padding goes through the masks. Recall by
+    kind reads the masks when the request ends."""
     from evalsuite.engine.metrics import KindCounts
+    from evalsuite.engine.request_recall import kind_masks
     from evalsuite.engine.token_kinds import TokenKinds
 
     image_ids = torch.tensor([IMAGE])
@@ -98,11 +105,14 @@ def test_a_text_only_pass_is_counted_by_kind_as_the_masks_count_it():
     for layer in range(3):
         top_k = torch.randint(0, 8, (3, 2), generator=g)
         hit_of = {e: bool(torch.rand(1, generator=g) < 0.5) for e in range(8)}
-        per_token = torch.rand(3, generator=g)
         for kinds, counts in ((text_only, fast), (masked, slow)):
             kinds.count_hits(counts, top_k, hit_of)
-            kinds.count_recall(counts, 2, layer, per_token)
-    assert fast.hits == slow.hits and fast.recall == slow.recall and fast.hits["text"][1] == 3 * 2 * 3
+    assert fast.hits == slow.hits and fast.hits["text"][1] == 3 * 2 * 3
+    # recall by kind (scored when a request ends) reads each step's masks: every decode token text
+    made = [(torch.zeros(3, 8), None, None)] * 2
+    masks = kind_masks(made, [text_only, masked])
+    assert masks["text"].tolist() == [True] * 6 and masks["image"].tolist() == [False] * 6
+    assert kind_masks(made, [None, None]) == {}
 
 
 def test_text_only_models_report_no_token_kinds():

@@ -15,9 +15,21 @@ prefetch cancelled  a prefetch whose copy was still queued or moving when its la
                and its slot given back (prefetched-but-landed experts are never cancelled).
 victims restored  cancelled prefetches whose copy had not started: the used expert they had
                evicted got its slot (and its place in the eviction order) back.
-recall@k       |top-k(predicted) ∩ top-K(native router)| / K per decode token and target layer,
-               averaged within a sample, then across samples (SpecPrefetch): recall_of_top, which
-               token_recall (predicted scores) and ranked_recall (ranked id lists) call.
+recall@k       the SpecPrefetch recall: |top-k(predicted) ∩ top-K(native router)| / K for one prediction
+               (recall_of_top, which token_recall and ranked_recall call), K the router's top-k. Scored per
+               DECODE token (prefill excluded) and per anchor layer l -> target l+h (h the horizon, 1 by
+               default) WITHIN the token; averaged within a sample over its decode tokens x anchor layers
+               (per target layer over the sample's decode tokens, then over its target layers: every decode
+               token has one prediction per target layer), then across samples. k runs over `recall_ks`: the
+               reference's k in {3, 6, 8} at K = 6 kept as fractions of K, {K/2, K, 4K/3} rounded to the
+               nearest integer (halves up), at least 1, at most the number of experts, de-duplicated (K = 2:
+               1, 2, 3; K = 4: 2, 4, 5; K = 6: 3, 6, 8; K = 8: 4, 8, 11); or the engine's `recall_k` with K
+               always among them. recall@K is the headline.
+exact@K        per decode token and within-token target layer, 1 where top-K(predicted) == top-K(native) as
+               sets (the whole top-K set predicted), else 0; averaged as recall@k.
+recall_next_token@K  the prediction a decode token's last sparse layer makes for the NEXT token's first
+               sparse layer (across the token boundary, which SpecPrefetch does not predict): scored as
+               recall@K, averaged the same way, reported on its own and never in recall@k's mean.
 divergence     per sample, against the resident run's greedy generation: the first generated
                position whose token differs (None if none) and the share of positions with
                identical tokens (over the longer of the two generations).
@@ -36,15 +48,22 @@ TPOT           time per output token of one sequence: (end of the last forward -
 token kind     "image" for positions holding the model's image or video token, "text" for the
                rest (vision-language models only). Hit rate by kind: over (token, routed
                expert) pairs of that kind, the share whose expert was a hit at that layer in
-               that forward pass. Recall@k by kind: per token, as recall@k, over prefill and
-               decode tokens (image tokens exist only in prefill), averaged over the tokens
-               of the kind per target layer, then over layers.
-per sample     each row of a request (one sequence of a batch) is one sample: its own recall@k per
-               target layer (over its decode tokens) and the mean over layers; the request's hit rate
-               and TPOT; the request's bytes transferred shared equally among its rows (an
-               expert a batch fetches serves every row of it). With batch size 1 a sample's numbers
-               are its request's.
+               that forward pass (prefill and decode). Recall@k and exact@K by kind: the definitions
+               above (decode tokens, within-token target layers, within a sample then across samples) over
+               the sample's decode tokens of that kind; image tokens exist only in prefill, so a
+               vision-language model's image kind has none (None) and its text kind equals the headline.
+per sample     each row of a request (one sequence of a batch) is one sample: its own recall@k, exact@K and
+               recall_next_token@K per target layer (over its decode tokens) and the mean over its layers
+               (a sample with no decode token has none and is left out); the request's hit rate and
+               TPOT; the request's bytes transferred shared equally among its rows (an expert a batch
+               fetches serves every row of it). With batch size 1 a sample's numbers are its request's.
 Request-level values are summarised across requests by mean and median.
+
+Where they are reported: a summary's "recall" {k: ...}, "exact" {K: ...} and "recall_next_token" {K: ...}, each
+{"mean": across samples, "layers": {target layer: mean over samples}, "samples"}, and "top_k" (K); lm-eval's
+`recall@k,engine`, `exact@K,engine`, `recall_next_token@K,engine` (by kind `text_recall@k,engine`, ...); the
+results database's engine_metrics rows (recall_at_k at each k; exact_at_k and recall_next_token on the rows of
+k = top_k).
 """
 from __future__ import annotations
 
@@ -52,6 +71,10 @@ import statistics
 from dataclasses import dataclass, field
 
 import torch
+
+RECALL, EXACT, NEXT_TOKEN = "recall", "exact", "recall_next_token"
+SCORES = (RECALL, EXACT, NEXT_TOKEN)  # what a prediction is scored by (the module docstring), in report order
+NAN = float("nan")
 
 
 @dataclass
@@ -96,8 +119,14 @@ class RequestRecord:
     ends: list[float] = field(default_factory=list)
     counters_before: Counters = field(default_factory=Counters)  # the record's totals when it began
     counters: Counters | None = None  # its own; None while it is the record's running request
-    recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per row
+    # metric ("recall", "exact", "recall_next_token") -> k -> target layer -> per row (NaN: none for that row)
+    scores: dict[str, dict[int, dict[int, list[float]]]] = field(default_factory=dict)
     labels: list | None = None  # what each row is, as the caller names it (label_last_request)
+
+    @property
+    def recall(self) -> dict[int, dict[int, list[float]]]:
+        """recall@k: k -> target layer -> per row."""
+        return self.scores.setdefault(RECALL, {})
 
     @property
     def tokens(self) -> int:
@@ -117,38 +146,38 @@ class KindCounts:
     """Hits and recall split by token kind (see the module docstring)."""
 
     hits: dict = field(default_factory=dict)  # kind -> [hits, uses]
-    recall: dict = field(default_factory=dict)  # k -> kind -> layer -> [sum, tokens]
+    scores: dict = field(default_factory=dict)  # kind -> metric -> k -> layer -> per sample (as EngineRecord.scores)
 
     def add_hits(self, kind: str, hits: int, uses: int) -> None:
         total = self.hits.setdefault(kind, [0, 0])
         total[0] += hits
         total[1] += uses
 
-    def add_recall(self, k: int, kind: str, layer: int, total: float, tokens: int) -> None:
-        cell = self.recall.setdefault(k, {}).setdefault(kind, {}).setdefault(layer, [0.0, 0])
-        cell[0] += total
-        cell[1] += tokens
+    def add_scores(self, kind: str, per_row: dict) -> None:
+        """One request's rows, scored over their decode tokens of `kind`: metric -> k -> layer -> per row."""
+        add_samples(self.scores.setdefault(kind, {}), per_row)
 
     def merge(self, other: "KindCounts") -> "KindCounts":
         for kind, (h, u) in other.hits.items():
             self.add_hits(kind, h, u)
-        for k, kinds in other.recall.items():
-            for kind, layers in kinds.items():
-                for layer, (total, tokens) in layers.items():
-                    self.add_recall(k, kind, layer, total, tokens)
+        for kind, scores in other.scores.items():
+            merge_scores(self.scores.setdefault(kind, {}), scores)
         return self
 
     def summary(self) -> dict | None:
-        kinds = set(self.hits) | {kind for kinds in self.recall.values() for kind in kinds}
+        kinds = set(self.hits) | set(self.scores)
         if not kinds:
             return None
+        keys = sorted({(metric, k) for scores in self.scores.values() for metric, ks in scores.items() for k in ks},
+                      key=lambda key: (SCORES.index(key[0]), key[1]))
         out = {}
         for kind in sorted(kinds):
             h, u = self.hits.get(kind, (0, 0))
             row = {"hit_rate": hit_rate(h, u), "tokens_x_experts": u}
-            for k, by_kind in self.recall.items():
-                layers = [t / n for t, n in by_kind.get(kind, {}).values() if n]
-                row[f"recall@{k}"] = sum(layers) / len(layers) if layers else None
+            scores = self.scores.get(kind, {})
+            for metric, k in keys:
+                layers = scores.get(metric, {}).get(k)
+                row[f"{metric}@{k}"] = recall_summary(layers)["mean"] if layers else None
             out[kind] = row
         return out
 
@@ -159,8 +188,16 @@ class EngineRecord:
 
     counters: dict[int, Counters] = field(default_factory=dict)  # sparse layer -> counters
     requests: list[RequestRecord] = field(default_factory=list)
-    recall: dict[int, dict[int, list[float]]] = field(default_factory=dict)  # k -> layer -> per-sample
+    # metric ("recall", "exact", "recall_next_token") -> k -> target layer -> per sample, aligned across layers
+    # (sample i of every layer is the same sample; NaN where it had no prediction there)
+    scores: dict[str, dict[int, dict[int, list[float]]]] = field(default_factory=dict)
     kinds: KindCounts = field(default_factory=KindCounts)
+    top_k: int | None = None  # the router's top-k (K): recall@K and exact@K are the headline
+
+    @property
+    def recall(self) -> dict[int, dict[int, list[float]]]:
+        """recall@k: k -> target layer -> per sample."""
+        return self.scores.setdefault(RECALL, {})
 
     def merge(self, other: "EngineRecord") -> "EngineRecord":
         self.close_request()  # its counters are taken from this record's totals, which now grow
@@ -168,10 +205,9 @@ class EngineRecord:
         for layer, c in other.counters.items():
             self.counters.setdefault(layer, Counters()).add(c)
         self.requests += other.requests
-        for k, layers in other.recall.items():
-            for layer, samples in layers.items():
-                self.recall.setdefault(k, {}).setdefault(layer, []).extend(samples)
+        merge_scores(self.scores, other.scores)
         self.kinds.merge(other.kinds)
+        self.top_k = self.top_k if self.top_k is not None else other.top_k
         return self
 
     def totals(self) -> Counters:
@@ -195,11 +231,15 @@ class EngineRecord:
         """A request's own counters (the running one's: so far)."""
         return request.counters or self.totals().since(request.counters_before)
 
-    def add_recall(self, k: int, layer: int, per_row: list[float]) -> None:
-        """Recall@k at a target layer of each row of the request that just ended (over its decode steps)."""
-        self.recall.setdefault(k, {}).setdefault(layer, []).extend(per_row)
+    def add_scores(self, per_row: dict) -> None:
+        """The request that just ended, scored per row over its decode steps: metric -> k -> target layer -> per
+        row (evalsuite.engine.request_recall). Its rows become samples; a row with no value anywhere is none."""
         if self.requests:
-            self.requests[-1].recall.setdefault(k, {})[layer] = per_row
+            request = self.requests[-1].scores
+            for metric, ks in per_row.items():
+                for k, layers in ks.items():
+                    request.setdefault(metric, {}).setdefault(k, {}).update(layers)
+        add_samples(self.scores, per_row)
 
     def label_last_request(self, labels: list) -> None:
         """Name the rows of the latest request (a caller's own ids, one per row), for `per_row`. Labels that do
@@ -218,9 +258,10 @@ class EngineRecord:
                       "bytes_transferred": counters.bytes_transferred / request.rows,
                       "tpot_ms": None if request.tpot_s is None else request.tpot_s * 1e3}
             for row, label in enumerate(request.labels):
-                recall = {k: row_recall({layer: values[row] for layer, values in layers.items()})
-                          for k, layers in request.recall.items()}
-                out.append((label, {"recall": recall or None, **shared}))
+                own = {metric: {k: row_recall({layer: values[row] for layer, values in layers.items()})
+                                for k, layers in sorted(request.scores.get(metric, {}).items())} or None
+                       for metric in SCORES}
+                out.append((label, {**own, "top_k": self.top_k, **shared}))
         return out
 
     def _decode_stall_per_token(self, timed: list[RequestRecord]) -> float | None:
@@ -252,24 +293,98 @@ class EngineRecord:
             "ttft_ms": summarise(r.ttft_s for r in timed for _ in range(r.rows)),
             "tpot_ms": summarise(r.tpot_s for r in timed for _ in range(r.rows)),
             "layers": layers,
-            "recall": {k: recall_summary(layers) for k, layers in self.recall.items()} or None,
+            **scores_summary(self.scores),
+            "top_k": self.top_k,
             "by_token_kind": self.kinds.summary(),
         }
 
 
+def recall_ks(top_k: int, experts: int, asked=None) -> tuple[int, ...]:
+    """The k recall@k is measured at (see recall@k in the module docstring): `asked` (the engine's recall_k) with
+    K = `top_k` added, else the reference's {K/2, K, 4K/3} rounded to the nearest integer (halves up), at least 1;
+    at most `experts`, de-duplicated, ascending."""
+    if asked:
+        wanted = [*asked, top_k]
+    else:  # round half up of K/2 and 4K/3, in integers: (2a + b) // 2b rounds a / b
+        wanted = [(top_k + 1) // 2, top_k, (8 * top_k + 3) // 6]
+    return tuple(sorted({min(max(1, int(k)), experts) for k in wanted}))
+
+
+def _nan(value) -> bool:
+    return value != value
+
+
+def add_samples(table: dict, per_row: dict) -> None:
+    """Add one request's rows as samples to `table` (metric -> k -> layer -> per sample): `per_row` holds, per
+    metric and k, layer -> one value per row (NaN: that row had none there). A row with no value at any layer (no
+    decode token scored) is no sample; the others are added to every layer of their metric and k, NaN where they
+    have none, so sample i of every layer stays the same sample."""
+    for metric, ks in per_row.items():
+        for k, layers in ks.items():
+            rows = max((len(values) for values in layers.values()), default=0)
+            kept = [r for r in range(rows) if any(r < len(v) and not _nan(v[r]) for v in layers.values())]
+            if kept:
+                new = {layer: [values[r] if r < len(values) else NAN for r in kept] for layer, values in layers.items()}
+                _extend(table.setdefault(metric, {}).setdefault(k, {}), new, len(kept))
+
+
+def merge_scores(table: dict, other: dict) -> None:
+    """Add `other`'s samples (metric -> k -> layer -> per sample) to `table`'s, keeping each aligned."""
+    for metric, ks in other.items():
+        for k, layers in ks.items():
+            rows = max((len(values) for values in layers.values()), default=0)
+            if rows:
+                _extend(table.setdefault(metric, {}).setdefault(k, {}), layers, rows)
+
+
+def _extend(per_layer: dict, new: dict, rows: int) -> None:
+    """`rows` more samples in `per_layer` (layer -> per sample): `new`'s values, NaN at a layer it lacks; a layer
+    only `new` has gets NaN for the samples before."""
+    before = max((len(values) for values in per_layer.values()), default=0)
+    for layer in [*per_layer, *(layer for layer in new if layer not in per_layer)]:
+        values = per_layer.setdefault(layer, [])
+        values.extend([NAN] * (before - len(values)))
+        add = new.get(layer, ())
+        values.extend(add)
+        values.extend([NAN] * (rows - len(add)))
+
+
+
+def sample_means(per_layer_samples: dict[int, list[float]]) -> list[float]:
+    """Each sample's mean over the target layers it has a value at (the lists are aligned by sample); samples with
+    none are left out."""
+    lists = list(per_layer_samples.values())
+    means = []
+    for i in range(max((len(v) for v in lists), default=0)):
+        values = [v[i] for v in lists if i < len(v) and not _nan(v[i])]
+        if values:
+            means.append(sum(values) / len(values))
+    return means
+
+
 def recall_summary(per_layer_samples: dict[int, list[float]]) -> dict:
-    """Recall per target layer (mean over samples) and the mean over layers. A NaN is a sample that had no
-    prediction at that layer (a row that left its batch before one was made): it is left out."""
-    known = {layer: [x for x in v if x == x] for layer, v in sorted(per_layer_samples.items())}
+    """One score (recall@k, exact@K, recall_next_token@K) from its per-sample values per target layer (aligned by
+    sample): "mean", over samples of each sample's mean over its layers (the headline: within a sample, then
+    across samples); "layers", per target layer the mean over samples; "samples", how many have a value. A NaN is
+    a sample that had no prediction at that layer (a row that left its batch before one was made): it is left
+    out."""
+    known = {layer: [x for x in v if not _nan(x)] for layer, v in sorted(per_layer_samples.items())}
     per_layer = {layer: sum(v) / len(v) for layer, v in known.items() if v}
-    return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None, "layers": per_layer,
-            "samples": max((len(v) for v in per_layer_samples.values()), default=0)}
+    means = sample_means(per_layer_samples)
+    return {"mean": sum(means) / len(means) if means else None, "layers": per_layer, "samples": len(means)}
+
+
+def scores_summary(scores: dict) -> dict:
+    """The summary of every score of `scores` (metric -> k -> layer -> per sample): {"recall": {k: recall_summary}
+    or None, "exact": ..., "recall_next_token": ...}, k ascending."""
+    return {metric: {k: recall_summary(layers) for k, layers in sorted(scores.get(metric, {}).items())} or None
+            for metric in SCORES}
 
 
 def row_recall(per_layer: dict[int, float]) -> dict:
     """One sample's recall at each target layer and the mean over its layers (a NaN layer, where the sample had
     no prediction, left out)."""
-    per_layer = {layer: value for layer, value in per_layer.items() if value == value}
+    per_layer = {layer: value for layer, value in per_layer.items() if not _nan(value)}
     return {"mean": sum(per_layer.values()) / len(per_layer) if per_layer else None,
             "layers": dict(sorted(per_layer.items()))}
 
@@ -308,6 +423,12 @@ def recall_of_top(top: torch.Tensor, native_ids: torch.Tensor) -> torch.Tensor:
     predicted top-k ids `top` [T, k] (an id below 0 matches nothing) and the router's `native_ids` [T, K]."""
     top = top.to(native_ids.device)
     return (top.unsqueeze(-1) == native_ids.unsqueeze(1)).any(dim=1).sum(dim=-1).float() / native_ids.shape[1]
+
+
+def exact_of_recall(recall_at_top_k: torch.Tensor) -> torch.Tensor:
+    """exact@K per token from its recall@K (K = the router's top-k): 1.0 where top-K(predicted) == top-K(native)
+    as sets, which is where every one of the K native experts is among the predicted K (K / K is exactly 1.0)."""
+    return (recall_at_top_k == 1.0).to(recall_at_top_k.dtype)
 
 
 def token_recall(predicted: torch.Tensor, native_ids: torch.Tensor, k: int) -> torch.Tensor:

@@ -2,9 +2,13 @@
 
 resident           the experts stay in the model: the reference every other mode is compared against
 on-demand          route, fetch the missing experts, compute
-router-preserving  a predictor prefetches; the native router decides what runs
-speculative        from the second sparse layer on, decode tokens run the predicted experts
-hybrid             speculative, with the estimator on high-drift layers and quasi elsewhere
+router-preserving  a predictor prefetches; the native router decides what runs. By default SpecPrefetch's
+                   trained low-rank adapter (`adapter`)
+speculative        from the second sparse layer on, decode tokens run the predicted experts. By default
+                   Speculating Experts' quasi-hidden state (`quasi`)
+hybrid             speculative, with Speculating Experts' estimator on high-drift layers and quasi elsewhere
+The trained defaults read the model's calibration artifact (`predictor.safetensors` beside the checkpoint,
+or `predictor_path`); `gate` (FATE's rule: layer l+1's router on layer l's input) needs none.
 (evalsuite.engine.prediction has the details.)
 """
 from __future__ import annotations
@@ -26,8 +30,8 @@ class Mode:
 MODES: dict[str, Mode] = {mode.name: mode for mode in (
     Mode("resident", offloads=False, predicts=False, speculates=False, exact=True),
     Mode("on-demand", offloads=True, predicts=False, speculates=False, exact=True),
-    Mode("router-preserving", offloads=True, predicts=True, speculates=False, exact=True, predictor="gate"),
-    Mode("speculative", offloads=True, predicts=True, speculates=True, exact=False, predictor="gate"),
+    Mode("router-preserving", offloads=True, predicts=True, speculates=False, exact=True, predictor="adapter"),
+    Mode("speculative", offloads=True, predicts=True, speculates=True, exact=False, predictor="quasi"),
     Mode("hybrid", offloads=True, predicts=True, speculates=True, exact=False, predictor="hybrid",
          own_predictor=True),
 )}

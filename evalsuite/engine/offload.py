@@ -18,10 +18,10 @@ from .cache import ExpertCache
 from .fetching import ExpertFetching, fading_keep
 from .forward import Forward
 from .kernel import run_experts
-from .metrics import Counters, EngineRecord
+from .metrics import Counters, EngineRecord, recall_ks
 from .modes import MODES, names_where
 from .options import check_options
-from .prediction import PREDICTORS, PredictionDriver, experts_in
+from .prediction import PREDICTORS, PredictionDriver, artifact_beside, experts_in
 from .row_groups import RowGroups
 from .scheduler import PrefetchScheduler
 from .shadows import ShadowPredictions
@@ -81,7 +81,8 @@ def offload(model, mode: str = "on-demand", **options) -> "Engine":
     horizon         predict h sparse layers ahead (1 or 2; speculation needs 1).
     prefetch_budget candidates considered per prediction (default top-k); `window=False`
                     submits them all, without the scheduler's expected-saving test.
-    recall_k        k values for recall@k (default [top-k]).
+    recall_k        k values for recall@k, top-k always among them (default: {K/2, K, 4K/3} rounded, K = top-k:
+                    evalsuite.engine.metrics.recall_ks).
     drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.engine.prediction.
     transfer_timeout_s  a transfer not done by then raises instead of hanging.
     shadows         predictors scored beside the run without acting (any mode; one layer ahead):
@@ -132,6 +133,7 @@ class Engine(ExpertFetching):
         self.link = parse_link(link)
         self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
+        self.artifact_path = None  # the calibration artifact the predictor read, where it reads one
         self.forward = Forward(decoding=False, rows=1)  # the pass running now (evalsuite.engine.forward)
         self._prefetched: set = set()  # prefetched experts not yet used
         # sparse layer -> {its prefetches sent since its router last settled them}: a layer in it has something for
@@ -183,12 +185,13 @@ class Engine(ExpertFetching):
             self.tracer, hooks = TraceRecorder.attach(self)
             self._hooks += hooks
         self.shadows = None
+        ks = recall_ks(top_k, self.layers[0].num_experts, recall_k)  # recall@k's k (evalsuite.engine.metrics)
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
-            self.shadows = ShadowPredictions(self, shadow_predictors, recall_k or [top_k], budget,
+            self.shadows = ShadowPredictions(self, shadow_predictors, ks, budget,
                                              list(row_predictors) or None)
         if predictor is not None:
             scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts and offloads else None
-            self.driver = PredictionDriver(self, self.predictor, mode, horizon, recall_k or [top_k],
+            self.driver = PredictionDriver(self, self.predictor, mode, horizon, ks,
                                            preserve_layers, scheduler)
         if self.shadows is not None:
             self.shadows.attach_after()
@@ -211,6 +214,10 @@ class Engine(ExpertFetching):
 
     def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):
         kind = PREDICTORS[name]  # check_options knows the registered names
+        if predictor_path is None and artifact is None and kind.needs_artifact:  # the checkpoint's own, if it ships one
+            predictor_path = artifact_beside(getattr(self.model, "name_or_path", None))
+        if kind.needs_artifact:
+            self.artifact_path = predictor_path
         if predictor_path is not None:
             artifact = kind.load(predictor_path, self.model, self.layers)
         return kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
@@ -292,6 +299,7 @@ class Engine(ExpertFetching):
     def describe(self) -> dict:
         """The engine's configuration, as results tables want it."""
         return {"mode": self.mode, "predictor": self.predictor.name if self.predictor is not None else None,
+                "predictor_artifact": self.artifact_path,
                 "expert_bytes": self.layout.nbytes,
                 "cache_experts": self.cache.slots.shape[0] if self.cache is not None else None,
                 "link": self.link.name if self.link is not None else None}
@@ -340,14 +348,15 @@ class Engine(ExpertFetching):
         return record
 
     def take_shadows(self):
-        """The shadow predictors' record since the last take (offload(..., shadows=...)): recall
-        (predictor -> k -> layer -> per sample) and one SequenceRouting per sequence."""
+        """The shadow predictors' record since the last take (offload(..., shadows=...)): their scores
+        (predictor -> metric -> k -> layer -> per sample, as EngineRecord.scores) and one SequenceRouting per
+        sequence."""
         if self.shadows is None:
             raise ValueError("this engine scores no shadow predictors: offload(..., shadows=('gate', ...))")
         return self.shadows.take()
 
     def _fresh_record(self) -> EngineRecord:
-        return EngineRecord(counters={layer.index: Counters() for layer in self.layers})
+        return EngineRecord(counters={layer.index: Counters() for layer in self.layers}, top_k=self.layers[0].top_k)
 
     def device_expert_bytes(self) -> int:
         """Bytes of expert weights allocated on the device (cache slots + model parameters)."""

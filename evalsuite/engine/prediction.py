@@ -8,18 +8,22 @@ the next token's first sparse layer (`Predictor.next_token_scores`), prefetched 
 
 speculative        from the second sparse layer on, decode tokens execute the predicted experts,
                    weighted by the layer's own routing formula applied to its router's logits
-                   for the predicted set (Speculating Experts, arXiv:2603.19289); prefill routes
-                   natively, as that paper's engine does. The native router still runs as a
+                   for the predicted set (Speculating Experts, arXiv:2603.19289). Prefill routes
+                   natively: evalsuite's choice (the paper says nothing of prefill), so a task that
+                   only prefills (loglikelihood) cannot change. The native router still runs as a
                    shadow that scores recall and never touches the output.
 hybrid             speculative, with the estimator predicting the high-drift layers and the
                    quasi-hidden-state predictor elsewhere (that paper's Hybrid-PF); layers listed in
                    `preserve_layers` run router-preserving instead.
 
-Recall@k (SpecPrefetch): |top-k(predicted) ∩ top-K(native router)| / K per decode token, per
-target layer; averaged within a sample (a batch row of a request), then across samples.
+Recall@k (SpecPrefetch): |top-k(predicted) ∩ top-K(native router)| / K per decode token, per within-token
+target layer (anchor l -> l+h); averaged within a sample (a batch row of a request), then across samples; exact@K
+beside it. The prediction for the next token's first sparse layer is scored on its own (recall_next_token@K), never
+in recall@k. Definitions: evalsuite.engine.metrics.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -27,7 +31,6 @@ from typing import Callable
 import torch
 
 from .layer_state import LayerState
-from .metrics import token_recall
 from .modes import MODES
 from .prompt_precision import forward_rows
 from .put_off import Later, QuietToken
@@ -42,6 +45,18 @@ class PredictorKind:
 
     build: Callable  # (name, layers, family, artifact, horizon, drift_layers, drift_threshold, device) -> predictor
     load: Callable  # (path, model, layers) -> the artifact `build` takes
+    needs_artifact: bool = False  # it cannot run without a calibration artifact
+
+
+# A model's own calibration artifact, shipped in its checkpoint directory (`evalsuite calibrate --out DIR`
+# writes this name): what a predictor that needs one reads when no other is given.
+ARTIFACT_FILE = "predictor.safetensors"
+
+
+def artifact_beside(model_dir) -> str | None:
+    """The calibration artifact shipped with the checkpoint in `model_dir`, or None."""
+    path = os.path.join(str(model_dir), ARTIFACT_FILE) if model_dir else None
+    return path if path and os.path.isfile(path) else None
 
 
 PUT_OFF_TIMED_EVERY = 4  # what putting a prediction off costs is timed for the first and one in this many
@@ -50,8 +65,8 @@ PUT_OFF_TIMED_EVERY = 4  # what putting a prediction off costs is timed for the 
 PREDICTORS: dict[str, PredictorKind] = {}
 
 
-def register_predictor(name: str, build: Callable, load: Callable) -> None:
-    PREDICTORS[name] = PredictorKind(build, load)
+def register_predictor(name: str, build: Callable, load: Callable, needs_artifact: bool = False) -> None:
+    PREDICTORS[name] = PredictorKind(build, load, needs_artifact)
 
 
 def experts_in(ids: torch.Tensor) -> set[int]:
@@ -65,6 +80,7 @@ class PredictionDriver:
     def __init__(self, engine, predictor, mode: str, horizon: int, recall_ks, preserve_layers, scheduler):
         self.engine, self.predictor, self.mode, self.horizon = engine, predictor, mode, horizon
         self.recall_ks, self.scheduler = tuple(recall_ks), scheduler
+        self.top_k = engine.layers[0].top_k  # K of recall@K, exact@K and recall_next_token@K
         self.preserve = set(preserve_layers)
         self.residual: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}  # target position -> predicted scores
@@ -98,6 +114,8 @@ class PredictionDriver:
             if target is not None:
                 self.source_of[target] = pos
         self.pos_of = {layer: pos for pos, layer in enumerate(self.layer_of)}
+        # the layer predicted across the token boundary (recall_next_token@K); every other target is within a token
+        self.next_token_layer = self.layer_of[0] if self.target_of[last] == 0 else None
         self.predicted_per_token = sum(target is not None for target in self.target_of)  # in a decode token
         # position -> the LayerState fields its prediction reads (the next token's first layer's: x), None: none made
         self.reads_of = [None if target is None else predictor.reads if target else ("x",)
@@ -186,16 +204,12 @@ class PredictionDriver:
                 scheduler.layer_started(pos, False)
         replaced = None
         if predicted is not None:
-            # recall@k over decode tokens, scored once the request ends, by token kind too (with the kinds of
-            # the forward pass kept here: off the decode step's path); a prefill's by kind now
+            # recall@k over decode tokens only, scored once the request ends, by token kind too (with the kinds of
+            # the forward pass kept here: off the decode step's path)
             if decoding:
                 self.current.setdefault(layer, []).append((predicted, ids, self.rows, forward.kinds))
-            else:
-                if forward.kinds is not None:
-                    for k in self.recall_ks:
-                        forward.kinds.count_recall(engine.record.kinds, k, layer, token_recall(predicted[0], ids, k))
-                if self.prompt_rows:
-                    self._learn_prompt(layer, predicted[0], ids)
+            elif self.prompt_rows:
+                self._learn_prompt(layer, predicted[0], ids)
             if self.speculating and self.speculates(pos):
                 ids = predicted[0].topk(ids.shape[1], dim=-1).indices.to(ids.device)
                 weights = engine.family.route_weights(router, logits, ids)
@@ -366,14 +380,14 @@ class PredictionDriver:
 
     def end_request(self) -> None:
         """Close the running request: each of its rows becomes one sample in the engine's record, with
-        its recall@k per layer averaged over its decode steps (scored here, once, not per step).
-        Predictions left for later are made now, and the scheduler learns from them."""
+        its recall@k, exact@K and recall_next_token@K per layer averaged over its decode steps (scored here, once,
+        not per step). Predictions left for later are made now, and the scheduler learns from them."""
         scheduler, budget = self.scheduler, self.engine.budget
 
         def learn(layer, scores, native, resident):
             scheduler.observe(layer, ranked(scores, budget), experts_in(native), resident)
-        score_request(self.engine.record, self.current, self.pos_of, self.recall_ks,
-                      None if scheduler is None else learn)
+        score_request(self.engine.record, self.current, self.pos_of, self.recall_ks, self.top_k,
+                      self.next_token_layer, None if scheduler is None else learn)
         self.current, self.rows, self.quiet = {}, None, None
 
     def close(self) -> None:

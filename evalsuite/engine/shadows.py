@@ -13,10 +13,11 @@ decode    per step and sparse layer the native routing (the router's top-k, befo
 
 A batched row goes on after its batch-1 generation would have stopped (lm-eval stops a batch
 only when every row has met its stop sequence): `end_request(steps)` says how many decode steps
-each row's batch-1 generation made, and only those count. From that record come recall@k per
-sample and layer (the definition of evalsuite.engine.metrics, averaged as PredictionDriver
-does) and one `RoutingTrace` per predictor, which evalsuite.perf.replay replays through the
-engine's cache and scheduler for any cache, policy and link.
+each row's batch-1 generation made, and only those count. From that record come recall@k and exact@K
+per sample and within-token target layer, and recall_next_token@K at the first sparse layer (the
+definitions of evalsuite.engine.metrics, averaged as PredictionDriver does), and one `RoutingTrace` per
+predictor, which evalsuite.perf.replay replays through the engine's cache and scheduler for any cache,
+policy and link.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .forward import Forward
-from .metrics import token_recall
 from .layer_state import LayerState
-from .request_recall import recall_per_row
+from .metrics import add_samples
+from .request_recall import per_token_scores, row_means, scored_as, step_rows
 from .prompt_precision import PromptRows, prompt_rows
 from .taps import tap_input
 from .trace import LayerRouting, RoutingTrace
@@ -55,7 +56,9 @@ class ShadowPredictions:
         self.engine, self.predictors, self.recall_ks, self.budget = engine, predictors, tuple(recall_ks), budget
         self.row_groups = row_groups  # with row_predictors: group g's rows count for row_groups[g] alone
         self.depth = max(budget, *self.recall_ks)  # candidates kept per prediction
-        self.recall: dict[str, dict[int, dict[int, list[float]]]] = {n: {} for n in predictors}  # name -> k -> layer
+        self.top_k = engine.layers[0].top_k
+        # name -> metric -> k -> layer -> per sample (evalsuite.engine.metrics.EngineRecord.scores)
+        self.scores: dict[str, dict] = {n: {} for n in predictors}
         self.sequences: list[SequenceRouting] = []
         self.residual: dict[int, torch.Tensor] = {}
         self._request = None
@@ -169,35 +172,32 @@ class ShadowPredictions:
         self._keep_routing(request, kept, steps)
 
     def _score_recall(self, request, kept, steps) -> None:
-        dropped = any(s.rows is not None for s in kept)  # rows left the batch as they ended (keep_rows)
+        """Each row's scores over the decode steps its batch-1 run made (as the driver scores a request: the first
+        sparse layer's predictions, made at the previous token's last, apart from the within-token ones)."""
+        ends = torch.tensor(steps)
         for name in self.predictors:
+            per_row: dict = {}  # metric -> k -> layer -> per row
             for pos, layer in enumerate(self.engine.layers):
-                made = [(i, s.scores[name][pos], s.native[pos]) for i, s in enumerate(kept)
+                made = [(i, s.scores[name][pos], s.native[pos], s.rows) for i, s in enumerate(kept)
                         if s.scores[name][pos] is not None]
                 if not made:
                     continue
-                if dropped:
-                    index, ends = torch.tensor([i for i, _, _ in made]), torch.tensor(steps)
-                    rows = [kept[i].rows for i in index.tolist()]
-                    for k in self.recall_ks:
-                        per_row = recall_per_row([(p, n, r) for (_, p, n), r in zip(made, rows)], k, request.rows,
-                                                 counted=lambda j, alive: index[j] < ends[alive])
-                        self.recall[name].setdefault(k, {}).setdefault(layer.index, []).extend(
-                            value for r, value in enumerate(per_row)
-                            if value == value and self._group(r, request.rows) in (None, name))
-                    continue
-                index = torch.tensor([i for i, _, _ in made])
-                counted = index[:, None] < torch.tensor(steps)[None, :]  # [steps, rows]: within the row's run
-                predicted = torch.stack([p for _, p, _ in made])
-                native = torch.stack([n.to(predicted.device) for _, _, n in made])
-                for k in self.recall_ks:
-                    per_token = token_recall(predicted.flatten(0, 1), native.flatten(0, 1), k)
-                    per_token = per_token.view(counted.shape).cpu()
-                    n = counted.sum(dim=0)
-                    mean = (per_token * counted).sum(dim=0) / n.clamp(min=1)
-                    layers = self.recall[name].setdefault(k, {}).setdefault(layer.index, [])
-                    layers.extend(mean[r].item() for r in range(request.rows)
-                                  if n[r] > 0 and self._group(r, request.rows) in (None, name))
+                scores = torch.cat([p for _, p, _, _ in made])
+                native = torch.cat([n.to(scores.device) for _, _, n, _ in made])
+                row = step_rows([(p, n, r) for _, p, n, r in made])
+                step = torch.repeat_interleave(torch.tensor([i for i, _, _, _ in made]),
+                                               torch.tensor([p.shape[0] for _, p, _, _ in made]))
+                counted = step < ends[row]  # within the row's batch-1 run
+                for (metric, k), values in per_token_scores(scores, native,
+                                                            scored_as(self.recall_ks, self.top_k, pos == 0)).items():
+                    per_row.setdefault(metric, {}).setdefault(k, {})[layer.index] = \
+                        row_means(values, row, request.rows, counted)
+            own = [r for r in range(request.rows) if self._group(r, request.rows) in (None, name)]  # its rows
+            for ks in per_row.values():
+                for layers in ks.values():
+                    for layer, values in layers.items():
+                        layers[layer] = [values[r] for r in own]
+            add_samples(self.scores[name], per_row)
 
     def _keep_routing(self, request, kept, steps) -> None:
         prefill = [p.tolist() for p in request.prefill]  # per layer: rows x experts used (bool)
@@ -228,10 +228,11 @@ class ShadowPredictions:
         return None if self.row_groups is None else self.row_groups[row * len(self.row_groups) // rows]
 
     def take(self) -> tuple[dict, list[SequenceRouting]]:
-        """What was recorded since the last take: recall (name -> k -> layer -> per sample) and the sequences."""
+        """What was recorded since the last take: the scores (name -> metric -> k -> layer -> per sample, as
+        EngineRecord.scores) and the sequences."""
         self.end_request()
-        taken = (self.recall, self.sequences)
-        self.recall, self.sequences = {n: {} for n in self.predictors}, []
+        taken = (self.scores, self.sequences)
+        self.scores, self.sequences = {n: {} for n in self.predictors}, []
         return taken
 
     def close(self) -> None:

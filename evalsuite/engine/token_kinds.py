@@ -1,7 +1,8 @@
 """Which positions of a forward pass hold image tokens, for metrics split by token kind.
 
 Vision-language MoEs route image tokens through the same experts as text, but differently;
-the engine reports hit rate and recall for each kind (definitions in evalsuite/engine/metrics.py).
+the engine reports hit rate and recall for each kind (definitions in evalsuite/engine/metrics.py: recall by kind
+is over decode tokens, scored when a request ends from each step's `masks`, evalsuite.engine.request_recall).
 Padding positions (attention mask 0) belong to neither kind.
 """
 from __future__ import annotations
@@ -61,15 +62,3 @@ class TokenKinds:
         per_token = hit[top_k_index].sum(dim=-1)
         for kind, mask in masks.items():
             counts.add_hits(kind, int(per_token[mask].sum()), int(mask.sum()) * top_k_index.shape[1])
-
-    def count_recall(self, counts: KindCounts, k: int, layer: int, per_token: torch.Tensor) -> None:
-        """Per kind: the summed per-token recall@k of a prediction, and the tokens it covers."""
-        masks = self.masks(per_token.shape[0])
-        if not masks:
-            return
-        if self.all_text:  # (no image token: the image kind gets nothing, as below)
-            counts.add_recall(k, "text", layer, float(per_token.sum()), per_token.shape[0])
-            return
-        for kind, mask in masks.items():
-            if mask.any():
-                counts.add_recall(k, kind, layer, float(per_token[mask].sum()), int(mask.sum()))

@@ -78,7 +78,10 @@ class RoutingTrace:
             self.steps[index][0].predicted = earlier
 
     def recall(self) -> float | None:
-        """Mean recall@top-k (evalsuite.engine.metrics) over the layers that have a prediction."""
+        """Mean recall@top-k (evalsuite.engine.metrics' per-prediction formula) over every prediction the trace
+        holds, the first sparse layer's cross-token ones included, pooled over steps: what the simulator fits a
+        synthetic trace to. Not the reported recall@K (within-token anchors only, per sample, then across
+        samples: EngineRecord.summary)."""
         made = [r for step in self.steps for r in step if r.predicted]
         values = ranked_recall([r.predicted for r in made], [r.native for r in made], self.top_k)
         return sum(values) / len(values) if values else None

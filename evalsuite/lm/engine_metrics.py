@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..engine.metrics import row_recall
+from ..engine.metrics import SCORES, row_recall
 
 ENGINE_FILTER = "engine"
 TASK_SUMMARIES = "evalsuite_engine_by_task"  # the key in results["config"] the adapters fill
@@ -37,8 +37,9 @@ class GeneratedText(str):
 def engine_entries(summary: dict) -> dict[str, float]:
     """The per-task numbers lm-eval's table shows, keyed `<metric>,engine`."""
     entries = {}
-    for k, recall in (summary.get("recall") or {}).items():
-        entries[f"recall@{k}"] = recall["mean"]
+    for metric in SCORES:  # recall@k, exact@K, recall_next_token@K (evalsuite.engine.metrics)
+        for k, values in (summary.get(metric) or {}).items():
+            entries[f"{metric}@{k}"] = values["mean"]
     entries.update({
         "hit_rate": summary["hit_rate"],
         "prefetch_precision": summary["prefetch_precision"],
@@ -58,17 +59,34 @@ def engine_entries(summary: dict) -> dict[str, float]:
 
 def document_metrics(rows: list[dict]) -> dict:
     """A document's engine metrics from those of its generations (several when a task repeats a request):
-    recall per layer, hit rate and TPOT averaged over them, bytes transferred summed."""
+    recall@k, exact@K and recall_next_token@K per layer, hit rate and TPOT averaged over them, bytes transferred
+    summed."""
     if len(rows) == 1:
         return rows[0]
-    recall = {}
-    for k in sorted({k for row in rows for k in row["recall"] or {}}):
-        layers = [row["recall"][k]["layers"] for row in rows if k in (row["recall"] or {})]
-        recall[k] = row_recall({layer: statistics.fmean(per[layer] for per in layers if layer in per)
-                                for layer in {layer for per in layers for layer in per}})
-    return {"recall": recall or None, "hit_rate": _mean(row["hit_rate"] for row in rows),
+    scores = {}
+    for metric in SCORES:
+        per_k = {}
+        for k in sorted({k for row in rows for k in row.get(metric) or {}}):
+            layers = [row[metric][k]["layers"] for row in rows if k in (row.get(metric) or {})]
+            per_k[k] = row_recall({layer: statistics.fmean(per[layer] for per in layers if layer in per)
+                                   for layer in {layer for per in layers for layer in per}})
+        scores[metric] = per_k or None
+    return {**scores, "top_k": next((row["top_k"] for row in rows if row.get("top_k") is not None), None),
+            "hit_rate": _mean(row["hit_rate"] for row in rows),
             "bytes_transferred": sum(row["bytes_transferred"] for row in rows),
             "tpot_ms": _mean(row["tpot_ms"] for row in rows)}
+
+
+def headline_recall(values: dict) -> float | None:
+    """recall@K (K the router's top-k) of a task's lm-eval results `values` ('<metric>,engine' entries): the k of
+    its `exact@K,engine` entry, which only K has; results made before exact@K was reported measured recall@K
+    alone by default, so their smallest k."""
+    ks = {int(key[len("recall@"):-len(",engine")]): value for key, value in values.items()
+          if key.startswith("recall@") and key.endswith(",engine")}
+    exact = [int(key[len("exact@"):-len(",engine")]) for key in values
+             if key.startswith("exact@") and key.endswith(",engine")]
+    k = exact[0] if exact and exact[0] in ks else min(ks, default=None)
+    return ks.get(k)
 
 
 def _mean(values) -> float | None:

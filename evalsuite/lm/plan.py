@@ -36,11 +36,13 @@ import torch
 
 from .. import timing
 from ..engine.cache import capacity_in_experts
-from ..engine.metrics import recall_summary, summarise
+from ..engine.metrics import scores_summary, summarise
 from ..engine.modes import MODES, REFERENCE
+from ..engine.prediction import artifact_beside
 from ..engine.links import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
+from ..predict.artifact import predictor_parameters
 from ..predict.predictors import PREDICTORS as PREDICTOR_CLASSES
 from ..results.lm_eval_rows import stored_results
 from .preflight import requested_runs
@@ -175,7 +177,7 @@ def run_plan(db, request, target) -> list[dict]:
             save_json(out, request.out_dir, f"{run_id}-{name}-{mode}-{chosen or ''}-{task}-{uid}")
             db.add_lm_eval_tasks(run_id, out, out["engine"])
             rows.setdefault((mode, chosen), []).extend(
-                table_rows(out, target.name, _label(mode, chosen), diverged, run_id, time.time() - started,
+                table_rows(out, target.name, mode, chosen, diverged, run_id, time.time() - started,
                            replayed=True))
     return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
 
@@ -198,10 +200,6 @@ def _evaluate_groups(lm, tasks: list[str], request, p: Pass) -> dict:
     return out
 
 
-def _label(mode: str, predictor: str | None) -> str:
-    return mode + (f"/{predictor}" if predictor and MODES[mode].predicts else "")
-
-
 def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
     """Add to `rows` (per run) the table rows of tasks an earlier invocation stored (a resumed plan)."""
     for (mode, chosen), (run_id, _, done) in runs.items():
@@ -211,19 +209,26 @@ def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
         if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
         rows.setdefault((mode, chosen), []).extend(
-            table_rows(stored, target.name, _label(mode, chosen), stored["divergence"], run_id, 0.0, replayed=True))
+            table_rows(stored, target.name, mode, chosen, stored["divergence"], run_id, 0.0, replayed=True))
 
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:
     """A run's configuration as replayed: its own mode, predictor, cache and link, and the pass it came from."""
     offloads = MODES[mode].offloads
     options = request.engine_options
+    path = request.predictor_path or artifact_beside(config.get("model_path"))
     return {**config, "mode": mode, "predictor": predictor,
+            "predictor_parameters": predictor_parameters(path, predictor),
             "cache_capacity": str(request.cache_capacity) if offloads else None,
             "cache_policy": (options.get("cache_policy") or "lru") if offloads else None,
             "cache_pools": (options.get("cache_pools") or "global") if offloads else None,
             "store": (options.get("store") or "host") if offloads else None,
             "link": request.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
+
+
+def artifact_of(request, target) -> str | None:
+    """The calibration artifact a pass's predictors read: the one given, else the model's own."""
+    return request.predictor_path or artifact_beside(target.path)
 
 
 _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measured once per process
@@ -232,7 +237,8 @@ _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measu
 def measured_costs(lm, target, request, predictors: list[str]) -> dict:
     """`measure`, once per process for a model, artifact, link, device and thread count (a sweep of plans
     replays every cell with the same costs)."""
-    key = (lm.fingerprint(), file_hash(request.predictor_path), request.link, request.device, torch.get_num_threads())
+    key = (lm.fingerprint(), file_hash(artifact_of(request, target)), request.link, request.device,
+           torch.get_num_threads())
     known = _MEASURED.get(key)
     if known is None or not set(predictors) <= set(known):
         _MEASURED[key] = known = measure(lm, target, request, predictors)
@@ -248,7 +254,8 @@ def measure(lm, target, request, predictors: list[str]):
         raise ValueError("--plan replay measures compute costs on a model loaded whole (device=cpu, store=host): "
                          "use --plan measure here")
     engine = lm.engine
-    artifact = Artifact.load(request.predictor_path, lm.model, engine.layers) if request.predictor_path else None
+    path = artifact_of(request, target)
+    artifact = Artifact.load(path, lm.model, engine.layers) if path else None
     nbytes, device = engine.layout.nbytes, str(engine.device)
     engine.close()
     try:
@@ -288,15 +295,14 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
                              meta, costs.get(predictor, costs[None]), capacity, mode,
                              options.get("cache_policy") or "lru",
                              (options.get("cache_pools") or "global") == "per-layer")
-    recall = shadows.recall.get(predictor) if predictor else None
+    scores = shadows.scores.get(predictor) if predictor else None
 
     def summary() -> dict:
         out = stats.result()
         if MODES[mode].speculates:  # speculating layers prefetch what they execute: precision 1.0 by construction
             out["prefetch_precision"] = None
         return {**out, "requests": out["sequences"], "ttft_ms": summarise([]), "layers": {},
-                "recall": {k: recall_summary(layers_) for k, layers_ in recall.items()} if recall else None,
-                "by_token_kind": None}
+                **scores_summary(scores or {}), "top_k": top_k, "by_token_kind": None}
     return summary
 
 

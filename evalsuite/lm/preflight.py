@@ -14,6 +14,7 @@ import os
 from ..engine import arch
 from ..engine.modes import MODES, names_where, predictor_choice
 from ..engine.options import check_options
+from ..engine.prediction import ARTIFACT_FILE, PREDICTORS, artifact_beside
 from ..hub import local_model
 
 CONFIRM = "pass --confirm-run-unsafe-code (in a sweep file: confirm_run_unsafe_code: true)"
@@ -199,6 +200,22 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
         if predictor_path and any(MODES[mode].predicts for mode in modes) and not os.path.isfile(predictor_path):
             raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
+        for model, path in zip(models, paths):
+            check_artifact(model, path, modes, predictor, predictor_path)
+
+
+def check_artifact(model: str, path: str, modes, predictor, predictor_path) -> None:
+    """Every predictor the request runs on `model` that needs a calibration artifact has one: the one given, or
+    the model's own (ARTIFACT_FILE in its directory). Refused in one line naming how to get one, or `gate`."""
+    if predictor_path or artifact_beside(path):
+        return
+    for mode, name in requested_runs(modes, predictor):
+        if name is not None and PREDICTORS[name].needs_artifact:
+            default = "" if predictor_names(predictor) else f" (mode {mode}'s default)"
+            raise FileNotFoundError(
+                f"predictor {name}{default} needs a calibration artifact and {model} ships none: run `evalsuite "
+                f"calibrate --model {model} --out {path}` (it writes {ARTIFACT_FILE} there), pass --predictor-path, "
+                "or run the training-free --predictor gate")
 
 
 def _known_tasks(tasks_of: dict, manager) -> list[str]:

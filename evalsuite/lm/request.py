@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from .. import __version__, timing
 from ..engine.modes import MODES, default_predictor
 from ..results.provenance import git_commit
+from ..predict.artifact import predictor_parameters
 from .runs import engine_config, file_hash
 
 
@@ -84,7 +85,10 @@ def run_config(request: Request, target: Target, lm, mode: str, args: str, **ext
     """The stored configuration of one run: what tells it apart from every other (see run_suite)."""
     return {"model": target.name, "model_path": os.path.abspath(target.path),
             "mode": mode, "predictor": lm.engine.describe()["predictor"],
-            "predictor_artifact": file_hash(request.predictor_path), "seed": request.options["seed"],
+            "predictor_artifact": file_hash(lm.engine.describe()["predictor_artifact"]),
+            "predictor_parameters": predictor_parameters(lm.engine.describe()["predictor_artifact"],
+                                                         lm.engine.describe()["predictor"]),
+            "seed": request.options["seed"],
             "cache_capacity": str(request.cache_capacity) if MODES[mode].offloads else None,
             **engine_config(lm.engine), "link": request.link if MODES[mode].offloads else None, "limit": request.limit,
             "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.device,

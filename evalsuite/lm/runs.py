@@ -10,8 +10,10 @@ import os
 import time
 
 from ..engine.metrics import token_divergence
+from ..engine.modes import MODES
 from ..results.claim import claim_run
 from ..results.database import error_line
+from .engine_metrics import headline_recall
 from .preflight import task_configs
 
 ACCURACY_METRICS = ("exact_match", "pass@1", "pass_at_1", "acc", "accuracy")
@@ -169,15 +171,19 @@ def file_hash(path: str | None) -> str | None:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def table_rows(results, model, mode, diverged, run_id, seconds, busy: float | None = None,
+def table_rows(results, model, mode, predictor, diverged, run_id, seconds, busy: float | None = None,
                replayed: bool = False, probes: list[float] | None = None) -> list[dict]:
+    """One row per task of a run, for format_rows. `prefill_only`: a speculating run whose task decoded no token
+    (a loglikelihood task): speculation never acted, so its accuracy is resident's by construction."""
     rows = []
     for task, values in sorted(results["results"].items()):
         headline = accuracy(values)
         if headline is None:
             continue  # a group without an aggregate
-        recall = next((v for k, v in values.items() if k.startswith("recall@")), None)
-        rows.append({"model": model, "mode": mode, "task": task, "metric": headline[0], "accuracy": headline[1],
+        recall = headline_recall(values)  # recall@K (evalsuite.engine.metrics)
+        prefill_only = MODES[mode].speculates and values.get("tpot_ms,engine") is None
+        rows.append({"model": model, "mode": mode, "predictor": predictor, "prefill_only": prefill_only,
+                     "task": task, "metric": headline[0], "accuracy": headline[1],
                      "recall": recall, "hit_rate": values.get("hit_rate,engine"),
                      "tpot_ms": values.get("tpot_ms,engine"), "tpot_p10": values.get("tpot_ms_p10,engine"),
                      "tpot_p90": values.get("tpot_ms_p90,engine"), "busy": busy,

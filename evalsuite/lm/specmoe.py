@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..engine import offload
 from ..engine.loading import load_skeleton
 from ..engine.options import check_options
-from ..engine.metrics import EngineRecord
+from ..engine.metrics import EngineRecord, merge_scores
 from ..engine.modes import MODES
 from ..hub import local_model
 from ..predict import fingerprint
@@ -298,17 +298,16 @@ class EngineAdapter:
 
 
 class ShadowRecord:
-    """A task's shadow predictors: recall (predictor -> k -> layer -> per sample) and its sequences."""
+    """A task's shadow predictors: their scores (predictor -> metric -> k -> layer -> per sample, as
+    EngineRecord.scores) and its sequences."""
 
     def __init__(self):
-        self.recall: dict = {}
+        self.scores: dict = {}
         self.sequences: list = []
 
-    def merge(self, recall: dict, sequences: list) -> "ShadowRecord":
-        for name, ks in recall.items():
-            for k, layers in ks.items():
-                for layer, samples in layers.items():
-                    self.recall.setdefault(name, {}).setdefault(k, {}).setdefault(layer, []).extend(samples)
+    def merge(self, scores: dict, sequences: list) -> "ShadowRecord":
+        for name, table in scores.items():
+            merge_scores(self.scores.setdefault(name, {}), table)
         self.sequences += sequences
         return self
 

@@ -16,7 +16,7 @@ from .. import timing
 from ..results.lm_eval_rows import stored_results
 from ..scoring.sandbox import confinement_to_use
 from ..table import Column, format_table
-from ..engine.modes import REFERENCE
+from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, requested_runs, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
@@ -112,6 +112,7 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
     """One configuration through the engine, task by task; `reference` collects resident's results (run first)
     for the divergence of the modes after it, or, where this invocation runs no resident, a stored resident run's."""
     progress, name = request.progress, target.name
+    chosen = default_predictor(mode, predictor)  # what the table names
     lm, args = load_adapter(request, target, mode, predictor)
     config = run_config(request, target, lm, mode, args)
     try:  # refused, or waited for, before anything is stored
@@ -126,7 +127,7 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
             if mode == REFERENCE:
                 reference.update(dict.fromkeys(stored["results"], stored))
-            rows += table_rows(stored, name, mode, stored["divergence"], run_id, 0.0)
+            rows += table_rows(stored, name, mode, chosen, stored["divergence"], run_id, 0.0)
         if set(target.tasks) - done:
             timing.warm_up(lm.model, target.tokenizer, lm.engine)
         with timing.frozen_heap():  # what the warm-up left is start-up heap, as a server's after its own
@@ -147,7 +148,7 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
                 results["divergence"] = diverged
                 save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                 db.add_lm_eval_tasks(run_id, results, results.get("engine"))
-                rows += table_rows(results, name, mode, diverged, run_id, time.time() - started,
+                rows += table_rows(results, name, mode, chosen, diverged, run_id, time.time() - started,
                                    busy=timing.busy(request.device), probes=results["timing"]["probe_ms"])
     return rows
 
@@ -156,12 +157,20 @@ def format_rows(rows) -> str:
     """The table `evalsuite eval` prints: accuracy (the task's headline metric, named), recall, hit rate,
     TPOT as median [p10-p90] over sequences (flagged * when the machine was busy, ! when its speed changed
     between the rows of a model), same tokens."""
-    columns = ["model", "task", "metric", "mode", Column("accuracy", ".3f"), Column("recall", ".3f"),
-               Column("hit rate", ".3f"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
+    columns = ["model", "task", "metric", "mode", "predictor", Column("accuracy", align=">"), Column("recall", ".3f"),
+               Column("hit rate", align=">"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
     spreads = _speed_spreads(rows)
     drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
-    lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r["accuracy"], r["recall"], r["hit_rate"],
-                            _tpot(r, r["model"] in drifted), r["identical_share"]] for r in rows], columns)]
+    lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r),
+                            r["recall"], _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]]
+                           for r in rows], columns)]
+    if any(r.get("prefill_only") for r in rows):
+        lines.append("n/a (prefill): the task scores loglikelihoods, one prefill per document and no decode token; "
+                     "speculation acts on decode tokens only, so its accuracy would be resident's by construction")
+    if any(_speculated(r) for r in rows):
+        lines.append("§ hit rate of a speculating mode: on its speculated layers the experts it executes are the ones it "
+                     "predicted and prefetched, so they hit by construction, whatever the prediction's quality; its "
+                     "prediction accuracy is the recall column")
     for model, ratio in drifted.items():
         lines.append(f"! {model}: this machine's speed changed by up to {100 * (ratio - 1):.0f} % while these rows "
                      "were timed (evalsuite.timing.probe): TPOT differences smaller than that are not results; "
@@ -187,6 +196,22 @@ def _speed_spreads(rows) -> dict[str, float]:
         if r.get("probes") and r.get("tpot_ms") is not None and not r.get("replayed"):
             probes.setdefault(r["model"], []).extend(r["probes"])
     return {model: ratio for model, p in probes.items() if (ratio := timing.spread(p)) is not None}
+
+
+def _accuracy(row) -> str:
+    if row["accuracy"] is None:
+        return "-"
+    return "n/a (prefill)" if row.get("prefill_only") else f"{row['accuracy']:.3f}"
+
+
+def _speculated(row) -> bool:
+    return MODES[row["mode"]].speculates and not row.get("prefill_only") and row["hit_rate"] is not None
+
+
+def _hit_rate(row) -> str:
+    if row["hit_rate"] is None:
+        return "-"
+    return f"{row['hit_rate']:.3f}" + ("§" if _speculated(row) else "")
 
 
 def _tpot(row, drifted: bool = False) -> str:

@@ -5,9 +5,6 @@ import json
 import os
 from pathlib import Path
 
-NEEDS_ARTIFACT = ("quasi", "adapter", "estimator", "hybrid")
-
-
 def _list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -18,7 +15,9 @@ def _calibrated(model_spec: str, predictors: list[str], epochs: int):
     from ..predict.calibrate import calibrate, calibration_texts, token_batches
     from .shapes import MODELS
 
-    wanted = [p for p in predictors if p in NEEDS_ARTIFACT]
+    from ..engine.prediction import PREDICTORS
+
+    wanted = [p for p in predictors if p in PREDICTORS and PREDICTORS[p].needs_artifact and p != "frequency"]
     if not wanted:
         return None, []
     if model_spec in MODELS or model_spec.startswith("tiny:"):

@@ -73,13 +73,17 @@ def load_profile(spec: str) -> Profile:
     return profile
 
 
-def predictor_bytes(predictor: str | None, shape: ModelShape, rank: int = 64, hidden: int = 256) -> int:
-    """Weights one prediction reads (bf16): the next layer's gate plus the predictor's own."""
+def predictor_bytes(predictor: str | None, shape: ModelShape, rank: int = 64, hidden: int = 256, width: int = 64,
+                    blocks: int = 2) -> int:
+    """Weights one prediction reads (bf16): the next layer's gate plus the predictor's own (adapter-shared: its
+    projection, one layer embedding, `blocks` residual MLP blocks of `width` and its head)."""
     if predictor in (None, "oracle", "frequency"):
         return 0
     gate = shape.hidden * shape.experts
     extra = {"gate": 0, "quasi": shape.top_k * shape.hidden + shape.hidden,
              "adapter": rank * (shape.hidden + shape.experts),
+             "adapter-shared": width * (shape.hidden + shape.experts + 4) + blocks * (4 * width ** 2 + 5 * width)
+             + shape.experts,
              "estimator": shape.hidden * hidden + hidden * shape.experts - gate,
              "hybrid": shape.hidden * hidden + hidden * shape.experts - gate}.get(predictor, 0)
     return (gate + extra) * WEIGHT_BYTES

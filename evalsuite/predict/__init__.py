@@ -49,6 +49,7 @@ def load_artifact(name: str, path, model, layers):
 
 
 for _name in PREDICTOR_NAMES:  # the engine builds predictors by name through its registry
-    register_predictor(_name, build_predictor, functools.partial(load_artifact, _name))
+    register_predictor(_name, build_predictor, functools.partial(load_artifact, _name),
+                       needs_artifact=_name in NEEDS_ARTIFACT)
 
 __all__ = ["Artifact", "ArtifactError", "LayerState", "Predictor", "PREDICTOR_NAMES", "build_predictor", "fingerprint"]

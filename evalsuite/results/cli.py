@@ -94,8 +94,24 @@ def cmd_gate(args) -> int:
         return gate(db, args.config)
 
 
+def cmd_paper_tables(args) -> int:
+    from .paper_tables import accuracy_table, format_accuracy, format_recall, recall_table
+
+    with _open(args) as db:
+        recall, accuracy = recall_table(db, args.model), accuracy_table(db, args.model)
+    print(format_recall(recall))
+    print()
+    print(format_accuracy(accuracy))
+    if args.csv:
+        os.makedirs(args.csv, exist_ok=True)
+        recall.to_csv(os.path.join(args.csv, "recall.csv"), index=False)
+        accuracy.to_csv(os.path.join(args.csv, "accuracy.csv"), index=False)
+        print(f"wrote {args.csv}/recall.csv and accuracy.csv")
+    return 0
+
+
 def add_commands(subparsers) -> None:
-    """Add runs, report, compare and gate to an argparse subparsers object."""
+    """Add runs, report, compare, gate and paper-tables to an argparse subparsers object."""
     p = subparsers.add_parser("runs", help="list stored runs, newest first")
     p.add_argument("--status", choices=("running", "complete", "incomplete", "failed"))
     p.add_argument("--last", type=int, default=50, help="show at most this many runs")
@@ -119,7 +135,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--config", required=True, help="gates YAML file")
     p.set_defaults(run=cmd_gate)
 
-    for name in ("runs", "report", "compare", "gate"):
+    p = subparsers.add_parser("paper-tables", help="the seeds' tables from stored runs: recall@k and exact@K per "
+                                                   "predictor (SpecPrefetch), accuracy of resident / speculative / "
+                                                   "hybrid (Speculating Experts)")
+    p.add_argument("--model", help="only this model (as the runs name it)")
+    p.add_argument("--csv", help="also write recall.csv and accuracy.csv into this folder")
+    p.set_defaults(run=cmd_paper_tables)
+
+    for name in ("runs", "report", "compare", "gate", "paper-tables"):
         subparsers.choices[name].add_argument("--db", default=None, help=_DB_HELP)
 
 

@@ -99,15 +99,20 @@ def _metric_rows(metrics_a: pd.DataFrame, metrics_b: pd.DataFrame, covered: set)
     return rows
 
 
-def smallest_k(rows: pd.DataFrame, by) -> pd.DataFrame:
-    """Where recall was measured at several k, the rows of the smallest (the default k is the router's top-K;
-    larger ones are optional extras)."""
+def headline_k(rows: pd.DataFrame, by) -> pd.DataFrame:
+    """Where recall was measured at several k, the rows of recall@K, K the router's top-k (`top_k`, stored since
+    schema version 5: evalsuite.engine.metrics); per group of `by` without a row of k = top_k (rows stored before,
+    when recall@K was measured alone by default), those of the smallest k."""
     smallest = rows.groupby(by, dropna=False)["k"].transform("min")
-    return rows[rows["k"].isna() | (rows["k"] == smallest)]
+    if "top_k" not in rows:
+        return rows[rows["k"].isna() | (rows["k"] == smallest)]
+    has_top_k = rows.assign(at=rows["k"] == rows["top_k"]).groupby(by, dropna=False)["at"].transform("any")
+    wanted = rows["top_k"].where(has_top_k, smallest)
+    return rows[rows["k"].isna() | (rows["k"] == wanted)]
 
 
 def whole_model_rows(engine: pd.DataFrame, by: str) -> pd.DataFrame:
-    return smallest_k(engine[engine["layer"].isna()], by)
+    return headline_k(engine[engine["layer"].isna()], by)
 
 
 def _engine_by_task(engine: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..table import Column, format_table
 from ..yaml_file import read_yaml
-from .compare import compare, smallest_k
+from .compare import compare, headline_k
 
 _RUN_SELECTOR_KEYS = {"id", "model", "model_fingerprint", "mode", "predictor", "predictor_artifact", "cache_capacity",
                       "cache_policy", "link", "dtype", "device", "hardware", "evalsuite_version", "git_commit",
@@ -125,7 +125,7 @@ def _values(db, run_id, rule) -> pd.Series:
         rows = db.engine_metrics([run_id])
         column = rule["engine_metric"]
         rows = rows[rows["layer"] == rule["layer"]] if "layer" in rule else rows[rows["layer"].isna()]
-        rows = rows[rows["k"] == rule["k"]] if "k" in rule else smallest_k(rows, "task")
+        rows = rows[rows["k"] == rule["k"]] if "k" in rule else headline_k(rows, "task")
     elif "metric" in rule:
         rows = db.task_metrics([run_id])
         rows = rows[(rows["metric"] == rule["metric"]) & (rows["filter"].fillna("none") == rule.get("filter", "none"))]

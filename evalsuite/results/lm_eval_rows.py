@@ -58,11 +58,12 @@ def sample_rows(entries: list[dict]) -> list[dict]:
 
 def sample_engine_columns(engine: dict | None) -> dict:
     """A logged sample's engine metrics (evalsuite.lm.add_engine_metrics puts them under sample["engine"]) as
-    samples columns: recall@k at the smallest k (the router's top-K by default) with its per-layer values."""
+    samples columns: recall@K (K the router's top-k, `top_k`; older samples without it: the smallest k, which then
+    was K by default) with its per-layer values."""
     if not engine:
         return {}
     recall = engine.get("recall") or {}
-    k = min(recall, key=int, default=None)
+    k = _key_of(recall, engine.get("top_k"))
     at_k = recall[k] if k is not None else {}
     return {"recall_at_k": at_k.get("mean"), "k": _int(k),
             "recall_per_layer": {str(layer): value for layer, value in (at_k.get("layers") or {}).items()} or None,
@@ -92,6 +93,11 @@ def stored_results(metrics, engine, samples) -> dict:
         for row in rows.itertuples(index=False):
             if _number(row.recall_at_k) is not None:
                 entries.setdefault(f"recall@{int(row.k)},engine", row.recall_at_k)
+            top_k = _number(getattr(row, "top_k", None))
+            if top_k is not None and _number(row.k) == top_k:  # exact@K and recall_next_token@K (schema version 5)
+                for metric, column in (("exact", "exact_at_k"), ("recall_next_token", "recall_next_token")):
+                    if _number(getattr(row, column, None)) is not None:
+                        entries.setdefault(f"{metric}@{int(top_k)},engine", getattr(row, column))
         for name in ("hit_rate", "tpot_ms"):
             if _number(rows.iloc[0][name]) is not None:
                 entries[f"{name},engine"] = float(rows.iloc[0][name])
@@ -151,23 +157,53 @@ def _counters(counters: dict) -> dict:
 
 
 def summary_rows(summary: dict) -> list[dict]:
-    """A whole-model row and one row per layer, each once per recall k (one k by default: the router's top-K).
+    """A whole-model row and one row per layer, each once per recall k (evalsuite.engine.metrics.recall_ks), each
+    with the router's `top_k` (K); the rows of k = K also hold exact@K (`exact_at_k`) and recall_next_token@K.
 
     TTFT and TPOT are the medians over requests, as lm-eval's table shows them."""
     recall = summary.get("recall") or {}
     ks = sorted(recall, key=lambda k: int(k)) or [None]
+    top_k = _int(summary.get("top_k"))
+    beside = {}  # column -> the summary's exact@K or recall_next_token@K ({} where it has none)
+    for metric, column in _AT_TOP_K:
+        per_k = summary.get(metric) or {}
+        key = _key_of(per_k, top_k) if top_k is not None else None
+        beside[column] = per_k[key] if key is not None else {}
+
+    def at_top_k(k, layer=None) -> dict:
+        """exact@K and recall_next_token@K of the whole model (layer None) or a layer, on the rows of k = K."""
+        if top_k is None or _int(k) != top_k:
+            return {}
+        if layer is None:
+            return {column: values.get("mean") for column, values in beside.items()}
+        return {column: {str(l): v for l, v in (values.get("layers") or {}).items()}.get(layer)
+                for column, values in beside.items()}
+
     whole = {**_counters(summary), "ttft_ms": _median(summary.get("ttft_ms")),
              "tpot_ms": _median(summary.get("tpot_ms")), "tokens": summary.get("tokens")}
-    rows = [{**whole, "layer": None, "k": _int(k), "recall_at_k": recall[k].get("mean") if k is not None else None}
-            for k in ks]
+    rows = [{**whole, "layer": None, "k": _int(k), "recall_at_k": recall[k].get("mean") if k is not None else None,
+             "top_k": top_k, **at_top_k(k)} for k in ks]
     counters = {str(layer): c for layer, c in (summary.get("layers") or {}).items()}
     recall_by_layer = {k: {str(layer): v for layer, v in (recall[k].get("layers") or {}).items()}
                        for k in ks if k is not None}
-    for layer in sorted(set(counters).union(*recall_by_layer.values()), key=int):
+    scored = {str(layer) for values in beside.values() for layer in (values.get("layers") or {})}
+    for layer in sorted(set(counters).union(scored, *recall_by_layer.values()), key=int):
         for k in ks:
             rows.append({**_counters(counters.get(layer, {})), "layer": int(layer), "k": _int(k),
-                         "recall_at_k": recall_by_layer[k].get(layer) if k is not None else None})
+                         "recall_at_k": recall_by_layer[k].get(layer) if k is not None else None,
+                         "top_k": top_k, **at_top_k(k, layer)})
     return rows
+
+
+_AT_TOP_K = (("exact", "exact_at_k"), ("recall_next_token", "recall_next_token"))  # summary key, column
+
+
+def _key_of(per_k: dict, k):
+    """The key of `per_k` (a {k: ...} dict, its keys ints or, read back from JSON, strings) for k; None where it has
+    none. k None: the smallest key (the default k of results made before top_k was reported)."""
+    if k is None:
+        return min(per_k, key=int, default=None)
+    return next((key for key in per_k if int(key) == int(k)), min(per_k, key=int, default=None))
 
 
 def _int(value):

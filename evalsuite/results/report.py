@@ -16,8 +16,9 @@ MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
 _RUN_LABELS = ["id", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link", "dtype",
                "device", "limit"]
 FRONT_KEYS = ["model", "tasks", "limit"]  # a Pareto front each: a mean over other tasks or documents is another number
-_ENGINE_COLUMNS = ["recall_at_k", "prefetch_precision", "hit_rate", "bytes_transferred", "stall_s", "ttft_ms",
-                   "tpot_ms", "tokens"]
+# recall@K, exact@K and recall_next_token@K (evalsuite.engine.metrics): the last two stored since schema version 5
+_ENGINE_COLUMNS = ["recall_at_k", "exact_at_k", "recall_next_token", "prefetch_precision", "hit_rate",
+                   "bytes_transferred", "stall_s", "ttft_ms", "tpot_ms", "tokens"]
 
 
 def main_metrics(task_metrics: pd.DataFrame) -> pd.DataFrame:
@@ -41,6 +42,7 @@ def summary_table(runs: pd.DataFrame, task_metrics: pd.DataFrame, engine: pd.Dat
     main = main_metrics(task_metrics)
     accuracy = main.groupby("run_id").agg(tasks=("task", _names), accuracy=("value", "mean"), metrics=("metric", _names))
     whole = whole_model_rows(engine, "run_id")
+    whole = whole.assign(**{c: float("nan") for c in _ENGINE_COLUMNS if c not in whole})  # (a frame built without)
     engine_means = whole.groupby("run_id")[_ENGINE_COLUMNS].mean() if not whole.empty else pd.DataFrame(
         columns=_ENGINE_COLUMNS)
     table = runs[_RUN_LABELS].set_index("id").join(accuracy).join(engine_means)

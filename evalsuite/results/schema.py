@@ -5,7 +5,9 @@ writer's pid/host/start token and a heartbeat to runs (so a dead writer's run re
 metric/filter a sample score belongs to, and lookup indexes; version 3 added a run's `uid` (names its lm-eval
 JSON files), the `error` a failed run ended with, and each sample's raw generated `response` (what a resumed
 run compares later modes with); version 4 added each sample's own engine metrics (recall@k and its per-layer
-values, hit rate, bytes transferred, TPOT), so correctness can be read against recall. A new database is
+values, hit rate, bytes transferred, TPOT), so correctness can be read against recall; version 5 added to
+engine_metrics the router's `top_k` (K: recall@K is the headline among the k a run measured), `exact_at_k`
+(exact@K) and `recall_next_token` (recall_next_token@K), both on the rows of k = top_k. A new database is
 created at the latest version directly; an existing one runs every migration above its stored version, in
 order, in one transaction.
 """
@@ -17,7 +19,7 @@ from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integ
                         select, text)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-LATEST_VERSION = 4
+LATEST_VERSION = 5
 RUN_STATUSES = ("running", "complete", "incomplete", "failed")
 
 
@@ -91,6 +93,10 @@ class EngineMetric(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     tpot_ms: Mapped[float | None] = mapped_column(Float)
     tokens: Mapped[int | None] = mapped_column(Integer)
+    # version 5: the router's top-k (K), and on the rows of k = K exact@K and recall_next_token@K
+    top_k: Mapped[int | None] = mapped_column(Integer)
+    exact_at_k: Mapped[float | None] = mapped_column(Float)
+    recall_next_token: Mapped[float | None] = mapped_column(Float)
     __table_args__ = (Index("ix_engine_metrics_run_task", "run_id", "task"),)
 
 
@@ -112,7 +118,7 @@ class Sample(Base):
     # version 3: the raw generated text (before filters), for comparing modes sample by sample
     response: Mapped[str | None] = mapped_column(Text)
     # version 4: the engine's numbers for this document alone (generated samples of the lm-eval adapters)
-    recall_at_k: Mapped[float | None] = mapped_column(Float)  # mean over target layers, at the smallest k
+    recall_at_k: Mapped[float | None] = mapped_column(Float)  # mean over target layers, at k = K (top-k)
     k: Mapped[int | None] = mapped_column(Integer)
     recall_per_layer: Mapped[dict | None] = mapped_column(JSON)  # {layer: recall@k}, at that k
     hit_rate: Mapped[float | None] = mapped_column(Float)
@@ -148,8 +154,14 @@ def _v3_to_v4(conn) -> None:
         conn.execute(text(f"ALTER TABLE samples ADD COLUMN {column} {sql_type}"))
 
 
+def _v4_to_v5(conn) -> None:
+    # rows stored earlier keep these NULL: their smallest k is then taken for recall@K (evalsuite.results.compare)
+    for column, sql_type in (("top_k", "INTEGER"), ("exact_at_k", "FLOAT"), ("recall_next_token", "FLOAT")):
+        conn.execute(text(f"ALTER TABLE engine_metrics ADD COLUMN {column} {sql_type}"))
+
+
 # (version reached, function): applied in order to every database below that version
-MIGRATIONS = [(2, _v1_to_v2), (3, _v2_to_v3), (4, _v3_to_v4)]
+MIGRATIONS = [(2, _v1_to_v2), (3, _v2_to_v3), (4, _v3_to_v4), (5, _v4_to_v5)]
 
 
 def migrate(conn) -> int:
