@@ -70,8 +70,8 @@ def two_used_experts_per_pool():
     """A router-preserving olmoe engine with per-layer pools of two slots, each holding two used experts
     (copies landed); yields (engine, the second sparse layer's index)."""
     model = copy.deepcopy(reference_model("olmoe", "float32"))
-    with evalsuite.offload(model, mode="router-preserving", cache_pools="per-layer", cache_capacity=6,
-                           window=False) as engine, torch.no_grad():
+    with evalsuite.offload(model, mode="router-preserving", predictor="gate", cache_pools="per-layer",
+                           cache_capacity=6, window=False) as engine, torch.no_grad():
         model(input_ids=torch.tensor([[17]]))
         for transfer in list(engine.cache.transfers.values()):
             transfer.wait(5)
