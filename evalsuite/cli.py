@@ -229,6 +229,9 @@ def _eval(args) -> int:
                      confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh, threads=args.threads,
                      plan=args.plan)
     print(format_rows(rows))
+    if args.tasks is None and not os.environ.get("EVALSUITE_DATA_DIR"):
+        print("the real benchmarks (GSM8k, StrategyQA; MATH-Vision for a vision-language model) were skipped: no data "
+              "directory; pass --data-dir DIR (make eval DATA_DIR=DIR; by default ../shared/data beside the checkout)")
     return 0
 
 

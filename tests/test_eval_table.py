@@ -40,3 +40,21 @@ def test_a_speculating_modes_hit_rate_is_marked_and_explained():
     assert "0.970§" in table_line(table, "speculative") and "§" not in table_line(table, "router-preserving")
     assert "hit by construction" in table
     assert "§" not in format_rows(rows_of("router-preserving", "gate", "gen", True))
+
+
+def test_a_default_run_without_benchmark_data_says_what_it_skipped(monkeypatch, capsys, tmp_path):
+    import evalsuite.lm.preflight as preflight
+    import evalsuite.lm.suite as suite
+    from evalsuite.cli import main
+
+    from .helpers import shipped_model
+
+    monkeypatch.setattr(suite, "run_suite", lambda *args, **kwargs: rows_of("resident", None, "gen", True))
+    monkeypatch.setattr(preflight, "check_eval", lambda *args, **kwargs: None)
+    monkeypatch.setenv("EVALSUITE_DATA_DIR", "")  # none; and restored after main() sets it below
+    argv = ["eval", "--model", shipped_model("tiny-qwen3-moe"), "--modes", "resident"]
+    assert main(argv) == 0
+    assert "real benchmarks (GSM8k, StrategyQA; MATH-Vision for a vision-language model) were skipped" in \
+        capsys.readouterr().out
+    assert main(argv + ["--data-dir", str(tmp_path)]) == 0
+    assert "skipped" not in capsys.readouterr().out
