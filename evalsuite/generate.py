@@ -101,9 +101,9 @@ def _headline_recall(stats: dict) -> float | None:
 
 
 def format_table(rows) -> str:
-    columns = ["mode", "same", Column("recall", ".3f"), Column("uses", "d"), Column("hit rate", ".3f"),
+    columns = ["mode", "predictor", "same", Column("recall", ".3f"), Column("uses", "d"), Column("hit rate", ".3f"),
                Column("MB moved", ".2f"), Column("stall ms", ".1f"), Column("TTFT ms", ".2f"), Column("TPOT ms", ".2f")]
-    cells = [[r["mode"], {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]],
+    cells = [[r["mode"], r.get("predictor"), {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]],
               _headline_recall(r), r["expert_uses"],
               r["hit_rate"], r["bytes_transferred"] / 1e6, r["stall_s"] * 1e3, r["ttft_ms"]["median"],
               r["tpot_ms"]["median"]] for r in rows]

@@ -123,8 +123,8 @@ def test_cli_generate_table(tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:4] == ["mode", "same", "recall", "uses"]
-    assert lines[2].split()[:2] == ["resident", "ref"] and lines[3].split()[:2] == ["on-demand", "yes"]
+    assert lines[0].split()[:5] == ["mode", "predictor", "same", "recall", "uses"]
+    assert lines[2].split()[:3] == ["resident", "-", "ref"] and lines[3].split()[:3] == ["on-demand", "-", "yes"]
     assert out.exists()
 
 

@@ -18,8 +18,9 @@ def test_every_mode_is_compared_with_resident(modes):
     assert rows[0]["same_as_resident"] is None and rows[0]["requested"] == ("resident" in modes)
     assert all(r["same_as_resident"] is True for r in rows[1:])  # both must reproduce resident exactly
     table = format_table(rows).splitlines()
-    assert table[2].split()[:2] == ["resident", "ref"]
-    assert [line.split()[:2] for line in table[3:2 + len(rows)]] == [[r["mode"], "yes"] for r in rows[1:]]
+    assert table[2].split()[:3] == ["resident", "-", "ref"]  # mode, predictor, same
+    assert [line.split()[:3] for line in table[3:2 + len(rows)]] == [
+        [r["mode"], "gate" if r["mode"] == "router-preserving" else "-", "yes"] for r in rows[1:]]
     assert ("not among --modes" in table[-1]) == ("resident" not in modes)
 
 
@@ -29,5 +30,5 @@ def test_cli_without_resident_runs_it_as_the_reference(capsys):
     captured = capsys.readouterr()
     assert "changed the output" not in captured.err
     lines = captured.out.splitlines()
-    assert lines[2].split()[:2] == ["resident", "ref"] and lines[3].split()[:2] == ["on-demand", "yes"]
-    assert lines[4].split()[:2] == ["router-preserving", "yes"]
+    assert lines[2].split()[:3] == ["resident", "-", "ref"] and lines[3].split()[:3] == ["on-demand", "-", "yes"]
+    assert lines[4].split()[:3] == ["router-preserving", "gate", "yes"]
