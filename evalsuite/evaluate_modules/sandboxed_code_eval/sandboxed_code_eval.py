@@ -1,12 +1,14 @@
-"""HumanEval pass@k with every candidate run in evalsuite's sandbox (evalsuite/scoring/sandbox.py): a
-drop-in for the Hub's `code_eval`, with the same compute arguments and return value.
+"""HumanEval pass@k with every candidate run in evalsuite's sandbox and its tests in a trusted checker that
+exchanges only plain data with it (evalsuite/scoring/code_eval.py): a drop-in for the Hub's `code_eval`, with
+the same compute arguments and return value.
 
     pass_at_k, results = code_eval.compute(predictions=[[candidate, ...], ...], references=[test, ...], k=[1, 10])
 
-A candidate is a whole function (prompt and completion); its reference is the test program, ending in the call
-that runs the tests (`check(entry_point)`). No `HF_ALLOW_CODE_EVAL` is asked for: code runs only confined,
-and where this machine offers only the weak confinement it runs only when EVALSUITE_SANDBOX=weak says so.
-The implementation is evalsuite.scoring.code_eval, which the HumanEval task scores with too.
+A candidate is a whole program (prompt and completion); its reference is the test program, ending in the call
+that runs the tests (`check(entry_point)`) on a line of its own, and defining whatever its tests call besides the
+entry point (for HumanEval pass `prompt + test + "check(entry_point)"`: the candidate's own helpers are not
+trusted). No `HF_ALLOW_CODE_EVAL` is asked for: code runs only confined, and where this machine offers only the
+weak confinement it runs only when EVALSUITE_SANDBOX=weak says so. The HumanEval task scores with the same code.
 """
 import datasets
 import evaluate
