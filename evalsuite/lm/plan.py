@@ -216,7 +216,7 @@ def replayed_config(config: dict, request, mode: str, predictor: str | None, p: 
     """A run's configuration as replayed: its own mode, predictor, cache and link, and the pass it came from."""
     offloads = MODES[mode].offloads
     options = request.engine_options
-    path = request.predictor_path or artifact_beside(config.get("model_path"))
+    path = artifact_of(request, config.get("model_path"))
     return {**config, "mode": mode, "predictor": predictor,
             "predictor_parameters": predictor_parameters(path, predictor),
             "cache_capacity": str(request.cache_capacity) if offloads else None,
@@ -226,9 +226,9 @@ def replayed_config(config: dict, request, mode: str, predictor: str | None, p: 
             "link": request.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
 
 
-def artifact_of(request, target) -> str | None:
+def artifact_of(request, model_dir) -> str | None:
     """The calibration artifact a pass's predictors read: the one given, else the model's own."""
-    return request.predictor_path or artifact_beside(target.path)
+    return request.predictor_path or artifact_beside(model_dir)
 
 
 _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measured once per process
@@ -237,7 +237,7 @@ _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measu
 def measured_costs(lm, target, request, predictors: list[str]) -> dict:
     """`measure`, once per process for a model, artifact, link, device and thread count (a sweep of plans
     replays every cell with the same costs)."""
-    key = (lm.fingerprint(), file_hash(artifact_of(request, target)), request.link, request.device,
+    key = (lm.fingerprint(), file_hash(artifact_of(request, target.path)), request.link, request.device,
            torch.get_num_threads())
     known = _MEASURED.get(key)
     if known is None or not set(predictors) <= set(known):
@@ -254,7 +254,7 @@ def measure(lm, target, request, predictors: list[str]):
         raise ValueError("--plan replay measures compute costs on a model loaded whole (device=cpu, store=host): "
                          "use --plan measure here")
     engine = lm.engine
-    path = artifact_of(request, target)
+    path = artifact_of(request, target.path)
     artifact = Artifact.load(path, lm.model, engine.layers) if path else None
     nbytes, device = engine.layout.nbytes, str(engine.device)
     engine.close()

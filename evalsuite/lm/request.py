@@ -83,11 +83,11 @@ def load_adapter(request: Request, target: Target, mode: str, predictor: str | N
 
 def run_config(request: Request, target: Target, lm, mode: str, args: str, **extra) -> dict:
     """The stored configuration of one run: what tells it apart from every other (see run_suite)."""
+    engine = lm.engine.describe()
     return {"model": target.name, "model_path": os.path.abspath(target.path),
-            "mode": mode, "predictor": lm.engine.describe()["predictor"],
-            "predictor_artifact": file_hash(lm.engine.describe()["predictor_artifact"]),
-            "predictor_parameters": predictor_parameters(lm.engine.describe()["predictor_artifact"],
-                                                         lm.engine.describe()["predictor"]),
+            "mode": mode, "predictor": engine["predictor"],
+            "predictor_artifact": file_hash(engine["predictor_artifact"]),
+            "predictor_parameters": predictor_parameters(engine["predictor_artifact"], engine["predictor"]),
             "seed": request.options["seed"],
             "cache_capacity": str(request.cache_capacity) if MODES[mode].offloads else None,
             **engine_config(lm.engine), "link": request.link if MODES[mode].offloads else None, "limit": request.limit,
