@@ -21,7 +21,7 @@ import torch
 torch.set_num_threads(1)
 
 import evalsuite  # noqa: E402
-from evalsuite.engine.cache import POLICIES, ExpertCache  # noqa: E402
+from evalsuite.engine.cache.slots import POLICIES, ExpertCache  # noqa: E402
 from evalsuite.generate import load_model  # noqa: E402
 
 MODELS = ("models/tiny-qwen3-moe", "models/tiny-glm4-moe")

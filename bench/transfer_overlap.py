@@ -20,8 +20,8 @@ import torch
 import evalsuite
 from evalsuite.engine.arch import sparse_layers
 from evalsuite.zoo.tiny import tiny_model
-from evalsuite.engine.links import LINKS, parse_link
-from evalsuite.engine.transfer import TransferWorker
+from evalsuite.engine.link.profiles import LINKS, parse_link
+from evalsuite.engine.link.worker import TransferWorker
 
 
 class RowStore:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 
 from . import predict  # noqa: F401  (fills the engine's predictor registry)
-from .engine.eviction import POLICIES
+from .engine.cache.eviction import POLICIES
 from .engine.modes import MODES, predictor_choice
-from .engine.options import POOLS, STORES
+from .engine.config import POOLS, STORES
 from .engine.prediction import PREDICTORS
-from .engine.links import LINKS, parse_link
+from .engine.link.profiles import LINKS, parse_link
 
 __all__ = ["LINKS", "MODES", "POLICIES", "POOLS", "PREDICTORS", "STORES", "link", "link_list", "names_in"]
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -20,35 +21,17 @@ class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default in (None, False) else super()._get_help_string(action)
 
 
-def _capacity(text: str):
-    """'8' -> 8 experts, '0.25' -> a quarter of all experts, '512MiB' / 'all' kept as text."""
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
-
-
 def _add_engine_options(p: argparse.ArgumentParser, several_predictors: bool = False) -> None:
-    from .argtypes import LINKS, POLICIES, POOLS, PREDICTORS, STORES, link, predictor_groups
+    """The engine's flags (EngineConfig's `flag` options, their defaults and rules the engine's)."""
+    from .argtypes import PREDICTORS, predictor_groups
+    from .engine.config import EngineConfig
 
-    p.add_argument("--cache-capacity", type=_capacity, default=0.5,
-                   help="experts the device cache holds: a count, a fraction of all experts, '512MiB', 'all'")
-    p.add_argument("--cache-policy", default="lru", choices=POLICIES, help="eviction policy (docs/performance.md)")
-    p.add_argument("--cache-pools", default="global", choices=POOLS, help="one pool for all layers, or one per layer")
-    p.add_argument("--link", default=None, type=link,
-                   help=f"emulated link: {', '.join(LINKS)}, or a bandwidth such as '8GB/s+20us' (default: real copies)")
-    p.add_argument("--store", default="host", choices=STORES,
-                   help="host (pinned memory) or disk (read from the safetensors files when fetched)")
+    EngineConfig.add_arguments(p, skip=("predictor",) if several_predictors else ())
     if several_predictors:  # eval: each predicting mode runs once with each that fits it
         p.add_argument("--predictor", default=None, type=predictor_groups,
                        help=f"comma-separated, of {', '.join(PREDICTORS)} (default: each mode's own); groups "
                        "separated by ';' may name one mode each: 'gate,quasi,adapter;speculative=gate' runs "
                        "speculative with gate alone, the other predicting modes with all three")
-    else:
-        p.add_argument("--predictor", default=None, choices=PREDICTORS, help="default: each mode's own")
-    p.add_argument("--predictor-path", default=None, help="calibration artifact (evalsuite calibrate)")
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -191,9 +174,10 @@ def as_flags(message: str) -> str:
     (`--predictor-path X`), so an error tells the user the syntax of the interface they are in."""
     import re
 
-    from .engine.options import RULES
+    from .engine.config import EngineConfig
 
-    names = "|".join(sorted({*RULES, *RUN_FLAGS, "cache_capacity", "link", "predictor_path"}, key=len, reverse=True))
+    options = [f.name for f in dataclasses.fields(EngineConfig)]
+    names = "|".join(sorted({*options, *RUN_FLAGS}, key=len, reverse=True))
     return re.sub(rf"\b({names})=", lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
 
 

@@ -41,7 +41,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", store: st
     vision = AutoConfig.from_pretrained(spec).model_type in VISION_LANGUAGE
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     if store == "disk" and os.path.isdir(spec):
-        from .engine.loading import load_skeleton
+        from .engine.placement.loading import load_skeleton
 
         return load_skeleton(spec, torch_dtype, device, auto), AutoTokenizer.from_pretrained(spec)
     model = auto.from_pretrained(spec, dtype=torch_dtype).to(device).eval()

@@ -60,7 +60,7 @@ def shared_data() -> str | None:
     return None
 
 
-# An emulated link on the CPU is served without a thread (evalsuite.engine.lazy_link) when one expert is
+# An emulated link on the CPU is served without a thread (evalsuite.engine.link.lazy) when one expert is
 # small, as every test model's is; the transfer worker serves it when the bound is 0.
 LINK_KINDS = {"lazy-link": None, "worker": 0}
 
@@ -70,4 +70,4 @@ def use_link_kind(monkeypatch, kind: str) -> None:
     if LINK_KINDS[kind] is not None:
         import importlib
 
-        monkeypatch.setattr(importlib.import_module("evalsuite.engine.tiers"), "INLINE_MAX_BYTES", LINK_KINDS[kind])
+        monkeypatch.setattr(importlib.import_module("evalsuite.engine.placement.offloading"), "INLINE_MAX_BYTES", LINK_KINDS[kind])

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import torch
 
-from evalsuite.engine.scheduler import ranked
+from evalsuite.engine.prediction.scheduler import ranked
 
 
 class FakeEngine:

@@ -154,7 +154,7 @@ def test_cli_calibrate_then_generate_with_the_artifact(tmp_path):
 
 
 def test_cache_that_does_not_fit_names_the_largest_that_would(monkeypatch):
-    import evalsuite.engine.cache as cache
+    import evalsuite.engine.cache.slots as cache
 
     model = fresh()
     expert_bytes = 3 * 64 * 32 * 4  # qwen3_moe tiny: gate_up [64, 64] + down [64, 32], float32

@@ -134,7 +134,7 @@ def test_the_link_a_replay_reads_is_timed_by_the_engine_not_taken_from_its_figur
     # lazy link keeps the figure), and issuing a prefetch costs the compute thread something; the replayed
     # scheduler decides on both
     use_link_kind(monkeypatch, kind)
-    from evalsuite.engine.links import parse_link
+    from evalsuite.engine.link.profiles import parse_link
     from evalsuite.perf.costs import link_costs
 
     model = copy.deepcopy(reference_model("qwen3_moe"))

@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from evalsuite.engine.cache import ExpertCache, capacity_in_experts
+from evalsuite.engine.cache.slots import ExpertCache, capacity_in_experts
 
 
 def make(capacity=2, policy="lru", per_layer=False, layers=(0, 1)):

@@ -8,7 +8,7 @@ import torch
 
 import evalsuite
 from evalsuite.engine import arch
-from evalsuite.engine.cache import POLICIES
+from evalsuite.engine.cache.slots import POLICIES
 
 from .helpers import LINK_KINDS, reference_model, use_link_kind
 

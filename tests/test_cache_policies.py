@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evalsuite.engine.cache import POLICIES, ExpertCache
+from evalsuite.engine.cache.slots import POLICIES, ExpertCache
 
 LAYERS = (0, 1, 2)
 

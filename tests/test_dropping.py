@@ -8,7 +8,7 @@ import torch
 
 import evalsuite
 from evalsuite.engine.metrics import recall_summary, row_recall
-from evalsuite.engine.request_recall import recall_per_row
+from evalsuite.engine.prediction.request_recall import recall_per_row
 from evalsuite.lm.dropping import batch_one_length, generate_dropping_ended
 
 from .helpers import batch, reference_model

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import evalsuite
-from evalsuite.engine.transfer import TransferError
+from evalsuite.engine.link.worker import TransferError
 from evalsuite.predict import Artifact, ArtifactError
 
 from .helpers import batch, reference_model

@@ -1,4 +1,4 @@
-"""The per-pass state the hooks read (evalsuite.engine.forward): one `Forward` per model call,
+"""The per-pass state the hooks read (evalsuite.engine.pass_state.forward_pass): one `ForwardPass` per model call,
 and the oracle's look-ahead pass runs under its own, after which the real one is back."""
 import copy
 
@@ -12,7 +12,7 @@ from .helpers import batch, reference_model
 def test_each_model_call_has_its_own_forward_and_the_look_ahead_runs_under_a_copy():
     model = copy.deepcopy(reference_model("qwen3_moe"))
     ids, mask = batch(2)
-    seen = []  # the engine's Forward as the first sparse layer's router saw it, per pass
+    seen = []  # the engine's ForwardPass as the first sparse layer's router saw it, per pass
     with evalsuite.offload(model, mode="router-preserving", predictor="oracle", cache_capacity=0.5) as engine:
         engine.layers[0].router.register_forward_hook(lambda module, args, output: seen.append(engine.forward))
         with torch.no_grad():

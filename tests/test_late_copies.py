@@ -13,15 +13,15 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine.cache import ExpertCache
-from evalsuite.engine.copies import LateCopies
-from evalsuite.engine.transfer import Transfer, TransferWorker
+from evalsuite.engine.cache.slots import ExpertCache
+from evalsuite.engine.link.copy_backends import LateCopies
+from evalsuite.engine.link.worker import Transfer, TransferWorker
 
 from .helpers import batch, reference_model
 from .test_exactness import run
 from .test_modes import artifact_for
 
-tiers_module = importlib.import_module("evalsuite.engine.tiers")  # where engines build their link
+tiers_module = importlib.import_module("evalsuite.engine.placement.offloading")  # where engines build their link
 DELAY_S = 0.001  # per chunk, on the late thread
 
 

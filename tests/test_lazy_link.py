@@ -7,16 +7,16 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine import lazy_link
-from evalsuite.engine.lazy_link import LazyLink
-from evalsuite.engine.links import Link
-from evalsuite.engine.transfer import TransferCancelled, TransferError, TransferWorker
+from evalsuite.engine.link import lazy as lazy_link
+from evalsuite.engine.link.lazy import LazyLink
+from evalsuite.engine.link.profiles import LinkProfile
+from evalsuite.engine.link.worker import TransferCancelled, TransferError, TransferWorker
 
 from .helpers import batch, reference_model, use_link_kind
 from .test_exactness import run
 
-SLOW = Link("slow", 0.1e9, 0.0)  # 100 KB per ms
-SLOWER = Link("slower", 0.01e9, 0.0)  # 10 KB per ms: wide margins for a busy machine's pauses
+SLOW = LinkProfile("slow", 0.1e9, 0.0)  # 100 KB per ms
+SLOWER = LinkProfile("slower", 0.01e9, 0.0)  # 10 KB per ms: wide margins for a busy machine's pauses
 ROW = 25_000  # floats: 100 KB, 1 ms of SLOW, 10 ms of SLOWER
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from evalsuite.engine import arch
-from evalsuite.engine import cache as cache_module
+from evalsuite.engine.cache import slots as cache_module
 from evalsuite.engine import load_offloaded, load_skeleton, offload
-from evalsuite.engine.store import Checkpoint, ExpertLayout, HostStore, read_expert, read_expert_into
+from evalsuite.engine.placement.store import Checkpoint, ExpertLayout, HostStore, read_expert, read_expert_into
 from evalsuite.generate import load_model
 from .helpers import batch, reference_model
 

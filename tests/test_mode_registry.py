@@ -8,10 +8,10 @@ import torch
 
 import evalsuite
 from evalsuite.cli import build_parser
-from evalsuite.engine.eviction import POLICIES
+from evalsuite.engine.cache.eviction import POLICIES
 from evalsuite.engine.metrics import ranked_recall, token_recall
 from evalsuite.engine.modes import MODES, Mode, predictor_choice
-from evalsuite.engine.options import check_options
+from evalsuite.engine.config import check_options
 from evalsuite.engine.prediction import PREDICTORS
 from evalsuite.engine.trace import LayerRouting, RoutingTrace
 from evalsuite.perf.simulate import SIMULATED_MODES, Costs, simulate

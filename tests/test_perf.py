@@ -272,7 +272,7 @@ def test_simulate_bad_input_is_one_line(argv, message, capsys):
 
 
 def test_bench_command_writes_traces_profiles_and_rows_that_simulate_reproduces(tmp_path, capsys, monkeypatch):
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     # every prediction of the second sparse layer is put off, the others made: the engine and both replays agree
     monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: target != 1)

@@ -6,12 +6,12 @@ import torch
 
 import evalsuite
 from evalsuite.engine import arch
-from evalsuite.engine.scheduler import PrefetchScheduler, ranked
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler, ranked
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
 from evalsuite.predict.calibrate import calibrate, collect, next_token_pairs
 from evalsuite.predict.predictors import fused_norm
 from evalsuite.zoo.tiny import TINY
-from evalsuite.engine.prediction import LayerState
+from evalsuite.engine.pass_state.layer_state import LayerState
 
 from .helpers import reference_model
 from .test_modes import artifact_for

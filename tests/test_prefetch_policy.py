@@ -8,7 +8,7 @@ import torch
 
 import evalsuite
 from evalsuite.engine import arch
-from evalsuite.engine.prediction import LayerState
+from evalsuite.engine.pass_state.layer_state import LayerState
 
 from .helpers import LINK_KINDS, batch, copy_and_reference, reference_model, use_link_kind
 
@@ -164,7 +164,7 @@ def test_trace_oracle_builds_a_request_decode_scores_at_its_prefill():
 def test_trace_oracle_ranks_its_decode_scores_as_the_scheduler_would_without_a_tensor_call(monkeypatch):
     # the driver ranks a prediction with predictor.ranked where there is one; trace-oracle's decode scores are the
     # recorded experts ranked K, K-1, ..., so it gives their list: the very ranking scheduler.ranked computes
-    from evalsuite.engine.scheduler import ranked
+    from evalsuite.engine.prediction.scheduler import ranked
 
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=5)
     trace = resident_trace(model, ids, mask, 5)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from evalsuite.engine import scheduler as scheduler_module
-from evalsuite.engine.scheduler import PrefetchScheduler, ranked
+from evalsuite.engine.prediction import scheduler as scheduler_module
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler, ranked
 
 from .scheduler_fakes import FakeEngine, candidates, scores_ranking
 
@@ -89,9 +89,9 @@ def test_a_wrong_guess_costs_half_a_chunk_of_the_link_s_own_time():
     the SD card, where it is a third of a copy, a chunk's share of the copy's time charged 0.73 ms, not 0.5. Here
     half a 1 s copy is latency: 0.1 s chunks of its 500 bytes, not 0.5 s. At a precision of a third, a copy that
     hides 0.2 s pays against 0.05 s (half a chunk) wasted two times in three, not against 0.25 s."""
-    from evalsuite.engine.lazy_link import LazyLink
-    from evalsuite.engine.links import LINKS
-    from evalsuite.engine.transfer import TransferWorker
+    from evalsuite.engine.link.lazy import LazyLink
+    from evalsuite.engine.link.profiles import LINKS
+    from evalsuite.engine.link.worker import TransferWorker
 
     sent = {}
     for chunk_s in (0.1, None):  # None: a real link, whose chunk is its share of a copy's measured time
@@ -235,7 +235,7 @@ def test_a_right_prefetch_saves_what_one_more_miss_stalls_where_that_is_less_tha
     and credits a right prefetch with that; where misses never vary (no slope to fit), with the layer's stall
     per expected miss (0.7 s a step over two misses: 0.35 s). At even odds a candidate issued for 0.2 s of the
     compute thread is worth sending to save a 1 s copy (before any step is measured), not 0.3 or 0.35 s."""
-    from evalsuite.engine.scheduler import MISS_FIT_AFTER
+    from evalsuite.engine.prediction.scheduler import MISS_FIT_AFTER
 
     engine = FakeEngine()
     engine.prefetch_cost_s, engine.demand_cost_s = 0.2, 0.0

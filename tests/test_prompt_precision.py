@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import evalsuite
-from evalsuite.engine.cache import capacity_in_experts
-from evalsuite.engine.prompt_precision import PROMPT_ROWS, PromptOutcomes, PromptRows, prompt_rows
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.cache.slots import capacity_in_experts
+from evalsuite.engine.prediction.prompt_precision import PROMPT_ROWS, PromptOutcomes, PromptRows, prompt_rows
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 from evalsuite.perf.replay import Replay
 
 from .helpers import reference_model

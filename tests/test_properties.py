@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import evalsuite
 from evalsuite.engine import arch
-from evalsuite.engine.cache import POLICIES, ExpertCache, capacity_in_experts
-from evalsuite.engine.scheduler import PrefetchScheduler, ranked
+from evalsuite.engine.cache.slots import POLICIES, ExpertCache, capacity_in_experts
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler, ranked
 
 from .helpers import reference_model
 

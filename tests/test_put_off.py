@@ -1,4 +1,4 @@
-"""Predictions put off to their request's end (evalsuite.engine.put_off) in a running engine: made after the
+"""Predictions put off to their request's end (evalsuite.engine.prediction.put_off) in a running engine: made after the
 request where they cannot pay, with the same recall; quiet tokens; what the scheduler is told they cost; and
 online where the link is slow."""
 import time
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine.fetching import fading_keep
+from evalsuite.engine.cache.fetching import fading_keep
 
 from .helpers import copy_and_reference, shipped_model
 from .test_modes import artifact_for
@@ -33,14 +33,14 @@ def test_a_prediction_that_cannot_pay_is_made_after_the_request_with_the_same_re
     assert predicted == online_predicted  # the trace holds them too
 
 
-def record_of_run(may_quiet: bool, predictor: str = "gate"):
+def record_of_run(may_put_off_tokens: bool, predictor: str = "gate"):
     """A router-preserving run of 24 tokens, quiet tokens allowed or not: its output, recall, trace predictions,
     per-rank precision and quiet tokens."""
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=24)
     artifact = artifact_for("qwen3_moe") if predictor != "gate" else None
     with evalsuite.offload(model, mode="router-preserving", predictor=predictor, artifact=artifact,
                            cache_capacity=0.5, trace=True) as engine, torch.no_grad():
-        engine.driver.may_quiet = may_quiet
+        engine.driver.may_put_off_tokens = may_put_off_tokens
         out = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
         s, trace, scheduler = engine.stats(), engine.routing_trace(), engine.driver.scheduler
         assert torch.equal(out, expected)
@@ -54,7 +54,7 @@ def test_a_token_whose_every_prediction_is_put_off_only_keeps_inputs_and_records
     predictions read and nothing else, and its predictions are made from them after the request, for the same
     recall, trace and per-rank precision as predictions put off one by one (the same as made online: the test
     above). Here making a prediction online is said to cost a second, so every verdict, once judged, puts it off."""
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
     *quiet_record, quiet_tokens = record_of_run(True, predictor)
@@ -69,7 +69,7 @@ def test_a_warm_engine_judges_a_request_s_first_token_with_what_it_measured(monk
     second request puts every decode prediction off from its first token, where a new engine's first decode token,
     with no layer time measured, predicts online; clear_cache starts over as a new engine, its miss rate and
     missing share too."""
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
     model, ids, mask, expected = copy_and_reference(rows=1, tokens=24)
@@ -97,8 +97,8 @@ def test_predictions_put_off_teach_the_scheduler_which_candidates_were_missing_w
     """Each prediction put off, one by one or in a quiet token, is scored when its request ends against the experts
     of its layer the cache held when it was put off: the scheduler's counts of missing candidates (pm, q) are
     those counted again here from the cache as each prediction was put off and the trace's predictions."""
-    from evalsuite.engine.prediction import PredictionDriver
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.driver import PredictionDriver
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)  # every verdict: put off
     held = {}  # (decode step, target position) -> the target layer's experts in the cache when predicted
@@ -144,23 +144,23 @@ def test_a_quiet_token_keeps_no_input_its_predictions_do_not_read(monkeypatch, p
     """A quiet token keeps each layer's ids (recall's native routing) and of (x, residual, weights) only those the
     prediction made from that layer reads (`ahead`: gate reads x, the estimator the residual, ids and weights); the
     last layer's prediction, for the next token's first layer, reads x alone. A tensor kept to the request's end
-    is one more object for the collector until then (docs/performance-runs.md, the 78th measurement)."""
-    from evalsuite.engine.prediction import PredictionDriver
-    from evalsuite.engine.put_off import QuietToken
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    is one more object for the collector until then."""
+    from evalsuite.engine.prediction.driver import PredictionDriver
+    from evalsuite.engine.prediction.put_off import PutOffToken
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)
     kept, end_request = [], PredictionDriver.end_request
 
     def read_then_end(driver):
-        tokens = {id(step): step for steps in driver.current.values() for step in steps if type(step) is QuietToken}
+        tokens = {id(step): step for steps in driver.current.values() for step in steps if type(step) is PutOffToken}
         kept.extend((driver.target_of, token.inputs) for token in tokens.values() if token.complete())
         end_request(driver)
 
     monkeypatch.setattr(PredictionDriver, "end_request", read_then_end)
     record_of_run(True, predictor)
     assert kept
-    fields = QuietToken.FIELDS
+    fields = PutOffToken.FIELDS
     for target_of, inputs in kept:
         for pos, target in enumerate(target_of):
             x, residual, ids, weights = inputs[pos * fields:pos * fields + 4]
@@ -170,12 +170,12 @@ def test_a_quiet_token_keeps_no_input_its_predictions_do_not_read(monkeypatch, p
 
 
 def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
-    """QuietToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
+    """PutOffToken: layer 1's prediction is made from layer 0's inputs, the next token's first from the last
     layer's; the first layer's is the one carried in. A kept tensor changed in place since is refused, as a
-    Later's is."""
+    PutOffPrediction's is."""
     from types import SimpleNamespace
 
-    from evalsuite.engine.put_off import Later, QuietToken
+    from evalsuite.engine.prediction.put_off import PutOffPrediction, PutOffToken
 
     driver = SimpleNamespace(target_of=[1, 0], source_of=[1, 0], reads_of=[("x",), ("x",)],
                              quiet_keeps=[(True, False, False)] * 2,
@@ -183,12 +183,12 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     ids, weights = torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2)
 
     def token(first=None):
-        made = QuietToken(driver, first)
+        made = PutOffToken(driver, first)
         for resident, x in enumerate((torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([[3.0, 4.0, -1.0]]))):
             made.keep(x, None, ids, weights, resident)
         return made
 
-    carried = Later(lambda s: s.x, ("x",), 1, 1, torch.tensor([[0.0, 0.0, 5.0]]), None, ids, weights)
+    carried = PutOffPrediction(lambda s: s.x, ("x",), 1, 1, torch.tensor([[0.0, 0.0, 5.0]]), None, ids, weights)
     quiet = token(carried)
     assert quiet.complete()
     assert quiet.prediction_for(0) is carried and quiet.prediction_for(0)() == [2]
@@ -196,7 +196,7 @@ def test_a_quiet_token_makes_each_layer_s_prediction_from_the_inputs_it_kept():
     assert quiet.made_at(1)() == [2]  # layer 1's x, scored for the next token's first layer (-x)
     assert [quiet.made_at(pos).resident for pos in (0, 1)] == [0, 1]  # what the cache held as each layer ran
     changed = token()
-    changed.inputs[0].add_(1)  # layer 0's x (QuietToken.inputs: FIELDS entries a layer, x first)
+    changed.inputs[0].add_(1)  # layer 0's x (PutOffToken.inputs: FIELDS entries a layer, x first)
     with pytest.raises(RuntimeError, match="changed in place"):
         changed.prediction_for(1).scores()
 
@@ -205,13 +205,14 @@ def test_a_prediction_put_off_keeps_the_state_it_reads_and_refuses_one_changed_i
     """A put-off prediction keeps its layer's tensors rather than copies (every tiny family's recall with
     predictions put off is checked in test_modes): if the model ever wrote one in place, it would score
     another state, so it says so instead."""
-    from evalsuite.engine.prediction import LayerState, Later
+    from evalsuite.engine.pass_state.layer_state import LayerState
+    from evalsuite.engine.prediction.put_off import PutOffPrediction
 
     state = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    kept = Later(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
-    changed = Later(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
+    kept = PutOffPrediction(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
+    changed = PutOffPrediction(lambda s: s.x.sum(), ("x",), 1, 0, state.x, None, state.ids, state.weights)
     other = LayerState(0, torch.ones(1, 4), None, torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2))
-    unread = Later(lambda s: s.x.sum(), ("x",), 1, 0, other.x, None, other.ids, other.weights)
+    unread = PutOffPrediction(lambda s: s.x.sum(), ("x",), 1, 0, other.x, None, other.ids, other.weights)
     assert kept.scores() == 4.0
     state.x.add_(1)
     with pytest.raises(RuntimeError, match="changed in place"):
@@ -225,7 +226,7 @@ def test_a_prediction_put_off_is_timed_from_its_layers_router(monkeypatch):
     """What the scheduler weighs a put-off prediction by (put_off_s, which the replay also charges) is the driver's
     whole work at the layer, the layer's timing and the last prediction's record included: that work happens only
     because predictions are made, so on-demand loading does not pay it. Here the layer timing is made 3 ms slow."""
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     timed = PrefetchScheduler.layer_at
 
@@ -317,7 +318,7 @@ def test_a_prediction_s_cost_counts_scheduling_it_but_not_issuing_its_prefetches
     the prefetches, which the scheduler weighs per prefetch (Engine.prefetch_cost_s)."""
     from types import SimpleNamespace
 
-    from evalsuite.engine import prediction
+    from evalsuite.engine.prediction import driver as prediction
 
     clock = [0.0]
     monkeypatch.setattr(prediction, "time", SimpleNamespace(perf_counter=lambda: clock[0]))

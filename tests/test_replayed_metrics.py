@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine.cache import capacity_in_experts
-from evalsuite.engine.shadows import routing_trace
+from evalsuite.engine.cache.slots import capacity_in_experts
+from evalsuite.engine.prediction.shadows import routing_trace
 from evalsuite.perf.replay import replayed_stats
 from evalsuite.perf.simulate import Costs
 
@@ -136,7 +136,7 @@ def test_the_replay_charges_a_prediction_put_off_at_the_engines_timing_of_it(mon
     # scheduler times it: put_off_s); the replay charges it and gives the scheduler the same figure to weigh
     from dataclasses import replace
 
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
     from evalsuite.perf.replay import Replay
 
     monkeypatch.setattr(PrefetchScheduler, "worth_predicting", lambda self, target, h: False)  # all put off
@@ -158,7 +158,7 @@ def test_the_replay_makes_a_step_quiet_where_the_engine_would(monkeypatch):
     # prediction off costs, not each of its predictions, and still scores every prediction when its request ends
     from dataclasses import replace
 
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
     from evalsuite.perf.replay import Replay
 
     monkeypatch.setattr(PrefetchScheduler, "online_cost_s", lambda self, layer=None: 1.0)  # once judged, every one put off
@@ -207,7 +207,7 @@ def test_the_replay_learns_precision_from_every_prediction_as_the_engine_does():
 def test_the_replayed_miss_rate_starts_from_the_share_of_experts_the_cache_lacks(monkeypatch):
     # as Engine.miss_rate: before a layer's first decode use its rate is the share of its experts absent from the
     # cache as it stands (a prior of one miss read 1 where the prefill had filled the cache)
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
     from evalsuite.perf.replay import Replay
 
     trace, capacity = _gate_trace()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine.shadows import routing_trace
+from evalsuite.engine.prediction.shadows import routing_trace
 
 from .helpers import batch, reference_model
 from .test_modes import artifact_for
@@ -43,7 +43,7 @@ def test_shadows_score_each_predictor_as_its_own_router_preserving_run(model_typ
         engine.close()
         # recall@k, exact@K and recall_next_token@K per sample and layer, exactly
         assert shadow_recall[name] == measured and set(measured) == {"recall", "exact", "recall_next_token"}, name
-        # and the prompt's rows as the engine's scheduler learns from them (evalsuite.engine.prompt_precision)
+        # and the prompt's rows as the engine's scheduler learns from them (evalsuite.engine.prediction.prompt_precision)
         assert [s.prompt[name] for s in sequences] == prompts and all(prompts), name
 
 

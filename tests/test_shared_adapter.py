@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import evalsuite
 from evalsuite import cli
 from evalsuite.engine import arch
-from evalsuite.engine.prediction import LayerState
+from evalsuite.engine.pass_state.layer_state import LayerState
 from evalsuite.predict import Artifact, ArtifactError, build_predictor
 from evalsuite.predict.calibrate import (calibrate, calibration_texts, collect, default_vectors, split_batches,
                                          token_batches)

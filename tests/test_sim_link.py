@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evalsuite.engine.serial_link import SerialLink
+from evalsuite.engine.link.serial import SerialLink
 
 
 def test_a_demand_load_behind_a_long_prefetch_waits_at_most_one_chunk():

@@ -1,11 +1,11 @@
-"""Reading a module's input without a module hook (evalsuite.engine.taps)."""
+"""Reading a module's input without a module hook (evalsuite.engine.pass_state.input_taps)."""
 import copy
 
 import torch
 from torch import nn
 
 import evalsuite
-from evalsuite.engine.taps import tap_input
+from evalsuite.engine.pass_state.input_taps import tap_input
 
 from .helpers import batch, reference_model
 from .test_modes import artifact_for, generate

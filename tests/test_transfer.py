@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import evalsuite
-from evalsuite.engine.copies import HostCopies, LateCopies
-from evalsuite.engine.store import HostStore
-from evalsuite.engine.links import LINKS, Link, parse_link
-from evalsuite.engine.transfer import TransferCancelled, TransferWorker, TransferError
+from evalsuite.engine.link.copy_backends import HostCopies, LateCopies
+from evalsuite.engine.placement.store import HostStore
+from evalsuite.engine.link.profiles import LINKS, LinkProfile, parse_link
+from evalsuite.engine.link.worker import TransferCancelled, TransferWorker, TransferError
 
 from .helpers import reference_model
 
@@ -45,7 +45,7 @@ def test_bad_link_is_rejected(spec):
 
 def test_copies_land_and_emulated_link_holds_each_transfer():
     rows = {k: torch.full((250_000,), float(k)) for k in range(3)}  # 1 MB each
-    worker = TransferWorker(DictStore(rows), torch.device("cpu"), Link("slow", 0.1e9, 0.0))
+    worker = TransferWorker(DictStore(rows), torch.device("cpu"), LinkProfile("slow", 0.1e9, 0.0))
     dst = torch.zeros(3, 250_000)
     start = time.perf_counter()
     transfers = [worker.submit(k, dst[k]) for k in range(3)]
@@ -98,7 +98,7 @@ def test_demand_loads_overtake_queued_prefetches():
 
 # ---- chunks, preemption, cancel, promote ---------------------------------------------------
 # A 0.1 GB/s link: a 10 MB prefetch holds it ~100 ms, a chunk (its default size) ~1 ms.
-SLOW = Link("slow", 0.1e9, 0.0)
+SLOW = LinkProfile("slow", 0.1e9, 0.0)
 BIG, SMALL = 2_500_000, 25_000  # float32 elements: 10 MB and 100 kB
 
 
@@ -232,7 +232,7 @@ def test_a_cancelled_chunks_overshoot_is_not_taken_off_the_next_copys_link_time(
     # the worker's clock times a chunk from the previous chunk's end: a cancelled prefetch whose last sleep
     # overshoots (a loaded machine) must not make the copy after it look faster than the link
     rows = {k: torch.rand(250_000) for k in range(2)}  # 1 MB: 10 ms on the link, in 1 ms chunks
-    link = Link("slow", 0.1e9, 0.0)
+    link = LinkProfile("slow", 0.1e9, 0.0)
     worker = TransferWorker(DictStore(rows), torch.device("cpu"), link)
     dst = torch.zeros(2, 250_000)
     real_sleep, prefetch = time.sleep, None

@@ -63,7 +63,7 @@ def test_a_vision_language_model_puts_predictions_off_and_still_counts_recall_by
     """Recall by token kind no longer makes every decode prediction online (which cost tiny-qwen3-vl-moe 1.0-1.4 ms
     a 6 ms token on the SD card): one put off, or a whole quiet token's, is counted by kind when its request ends,
     with its forward pass's kinds, and the recalls equal those of the same run with every prediction made online."""
-    from evalsuite.engine.scheduler import PrefetchScheduler
+    from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
     reference = reference_model("qwen3_vl_moe")
     inputs = image_inputs()
@@ -91,8 +91,8 @@ def test_a_text_only_pass_is_counted_by_kind_as_the_masks_count_it():
     hits and uses as through the masks; a pass with an image token or padding goes through the masks. Recall by
     kind reads the masks when the request ends."""
     from evalsuite.engine.metrics import KindCounts
-    from evalsuite.engine.request_recall import kind_masks
-    from evalsuite.engine.token_kinds import TokenKinds
+    from evalsuite.engine.prediction.request_recall import kind_masks
+    from evalsuite.engine.pass_state.token_kinds import TokenKinds
 
     image_ids = torch.tensor([IMAGE])
     text_only = TokenKinds.of(image_ids, torch.tensor([[5], [7], [9]]), torch.ones(3, 4, dtype=torch.long))

@@ -1,11 +1,11 @@
-"""The worth test (evalsuite.engine.worth): a decode prediction is made online only where its candidates'
+"""The worth test (evalsuite.engine.prediction.worth): a decode prediction is made online only where its candidates'
 expected saving, weighed by how often each rank's is missing (q) and right (pm), exceeds what making it online
 costs beyond putting it off; verdicts stand until their precisions change, and are explored now and then."""
 from types import SimpleNamespace
 
 import pytest
 
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
 from .scheduler_fakes import FakeEngine, candidates
 
@@ -188,7 +188,7 @@ def test_a_verdict_to_put_off_stands_until_the_next_exploring_ask():
     rest of putting a prediction off): it stands until the layer's next ask that may explore (one in
     EXPLORE_EVERY), until its precisions change (observe), or until the engine forgets (clear_cache); a new request
     keeps it, as it keeps the layer time it rests on."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
     engine.miss_rate = lambda layer: 1.0
@@ -219,7 +219,7 @@ def test_a_token_is_quiet_while_every_layer_s_verdict_to_put_off_stands():
     ask nothing in the token (a quiet token); if so, each verdict stands one ask less, as if asked. Each layer is
     asked once a token, answered or not (as before a layer time is measured), so the verdicts end at one token
     and the tokens between are all quiet."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     engine = FakeEngine()
     engine.layers = [SimpleNamespace(index=3, top_k=2), SimpleNamespace(index=7, top_k=2)]
@@ -262,7 +262,7 @@ def test_a_prediction_even_a_perfect_one_could_not_pay_for_is_explored_rarely():
     than the prediction costs, precision cannot change the verdict, only a cheaper prediction can, so one in
     EXPLORE_EVERY² is made online (to measure its cost); a prediction that could pay with better precision is
     explored once in EXPLORE_EVERY."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy
     engine.miss_rate = lambda layer: 1.0
@@ -282,7 +282,7 @@ def test_a_verdict_no_precision_could_turn_at_twice_the_saving_is_judged_rarely(
     """Where every candidate right and missing would save under half what the prediction costs, the verdict to
     put it off stands EXPLORE_EVERY² asks, not EXPLORE_EVERY: on a fast link the tokens that judge verdicts cost
     the most, and what this one weighs drifts slowly. Its exploring asks stay where they were."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     engine = FakeEngine()  # 1 s per copy, every use missing: any prediction saves at most 2 s
     judged = []
@@ -307,7 +307,7 @@ def test_what_any_prediction_could_save_counts_the_layer_s_misses_and_what_issui
     less than the 0.5 s one costs online: precision cannot turn that, so one in EXPLORE_EVERY² is made online
     (budget · t alone, 2 s, left it to the precisions: an unsure no, explored one in EXPLORE_EVERY). Missing every
     use, this prediction pays (0.78 s expected): made online, put off one in EXPLORE_EVERY to measure stall_off."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     made = {}
     for miss in (0.3, 1.0):

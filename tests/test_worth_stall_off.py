@@ -1,8 +1,8 @@
-"""The worth test's cap (evalsuite.engine.worth): a prediction saves at most what its layer stalls with it put
+"""The worth test's cap (evalsuite.engine.prediction.worth): a prediction saves at most what its layer stalls with it put
 off (stall_off), measured on put-off steps, once it rests on STALL_OFF_AFTER of them."""
 import pytest
 
-from evalsuite.engine.scheduler import PrefetchScheduler
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler
 
 from .scheduler_fakes import FakeEngine, candidates
 
@@ -37,7 +37,7 @@ def test_a_prediction_saves_at_most_what_its_layer_stalls_with_it_put_off():
     0.6 s prediction expected to save 1 s is not made where putting it off stalls 0.3 s (and, since no
     precision could then make it pay, is explored online only one in EXPLORE_EVERY²), and is where it stalls
     3 s."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     for stall, made_online in ((0.3, False), (3.0, True)):
         engine = FakeEngine()
@@ -58,7 +58,7 @@ def test_one_put_off_step_that_stalled_nothing_does_not_put_a_layer_off():
     off a layer whose other put-off steps stall 3 s (on the SD card such a zero put layers off for a dozen steps,
     each a copy's stall). stall_off caps the saving, or vetoes the prediction, once it rests on STALL_OFF_AFTER
     steps."""
-    from evalsuite.engine.worth import EXPLORE_EVERY, STALL_OFF_AFTER
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY, STALL_OFF_AFTER
 
     engine = FakeEngine()
     engine.miss_rate = lambda layer: 1.0
@@ -80,7 +80,7 @@ def test_a_layer_that_must_stall_with_its_prediction_put_off_is_not_put_off_to_m
     the layer is sure to pay from the start and no step is put off to measure stall_off (each such step costs a
     copy's stall) before the one-in-EXPLORE_EVERY² one. At half the miss rate nothing bounds it: stall_off is
     measured, and after a first step that stalled nothing, again EXPLORE_EVERY asks later."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     put_off = {}
     for miss in (1.0, 0.5):
@@ -96,7 +96,7 @@ def test_a_layer_that_must_stall_with_its_prediction_put_off_is_not_put_off_to_m
 def test_the_stall_with_a_prediction_put_off_is_measured_often_only_while_it_could_turn_the_verdict():
     """A layer whose prediction pays is put off one step in EXPLORE_EVERY to measure stall_off, until that
     stall is known to be over twice what the prediction must save; then one in EXPLORE_EVERY²."""
-    from evalsuite.engine.worth import EXPLORE_EVERY
+    from evalsuite.engine.prediction.worth import EXPLORE_EVERY
 
     engine = FakeEngine()
     engine.miss_rate = lambda layer: 1.0

@@ -233,7 +233,7 @@ class EngineRecord:
 
     def add_scores(self, per_row: dict) -> None:
         """The request that just ended, scored per row over its decode steps: metric -> k -> target layer -> per
-        row (evalsuite.engine.request_recall). Its rows become samples; a row with no value anywhere is none."""
+        row (evalsuite.engine.prediction.request_recall). Its rows become samples; a row with no value anywhere is none."""
         if self.requests:
             request = self.requests[-1].scores
             for metric, ks in per_row.items():

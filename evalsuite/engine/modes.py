@@ -9,7 +9,7 @@ speculative        from the second sparse layer on, decode tokens run the predic
 hybrid             speculative, with Speculating Experts' estimator on high-drift layers and quasi elsewhere
 The trained defaults read the model's calibration artifact (`predictor.safetensors` beside the checkpoint,
 or `predictor_path`); `gate` (FATE's rule: layer l+1's router on layer l's input) needs none.
-(evalsuite.engine.prediction has the details.)
+(evalsuite.engine.prediction.driver has the details.)
 """
 from __future__ import annotations
 

@@ -13,23 +13,24 @@ import time
 import torch
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
-from . import arch, placement
-from .cache import ExpertCache
-from .fetching import ExpertFetching, fading_keep
-from .forward import Forward
-from .kernel import run_experts
-from .metrics import Counters, EngineRecord, recall_ks
-from .modes import MODES, names_where
-from .options import check_options
-from .prediction import PREDICTORS, PredictionDriver, artifact_beside, experts_in
-from .row_groups import RowGroups
-from .scheduler import PrefetchScheduler
-from .shadows import ShadowPredictions
-from .store import Checkpoint, ExpertLayout
-from .tiers import build_tiers, restore_experts
-from .token_kinds import image_token_ids
-from .links import parse_link
-from .transfer import TransferError
+from evalsuite.engine import arch, placement
+from evalsuite.engine.cache import ExpertCache
+from evalsuite.engine.cache.fetching import ExpertFetching, fading_keep
+from evalsuite.engine.config import EngineConfig
+from evalsuite.engine.kernel import run_experts
+from evalsuite.engine.link import parse_link
+from evalsuite.engine.link.worker import TransferError
+from evalsuite.engine.metrics import Counters, EngineRecord, recall_ks
+from evalsuite.engine.modes import MODES
+from evalsuite.engine.pass_state.forward_pass import ForwardPass
+from evalsuite.engine.pass_state.token_kinds import image_token_ids
+from evalsuite.engine.placement.offloading import move_experts_out, put_experts_back
+from evalsuite.engine.placement.store import Checkpoint, ExpertLayout
+from evalsuite.engine.prediction import PREDICTORS, artifact_beside, experts_in
+from evalsuite.engine.prediction.driver import PredictionDriver
+from evalsuite.engine.prediction.row_groups import RowGroups
+from evalsuite.engine.prediction.scheduler import PrefetchScheduler
+from evalsuite.engine.prediction.shadows import ShadowPredictions
 
 IMPLEMENTATION = "evalsuite"
 
@@ -56,89 +57,45 @@ def _engine_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
 ExpertsInterface.register(IMPLEMENTATION, _engine_experts_forward)
 
 
-def offload(model, mode: str = "on-demand", **options) -> "Engine":
+def offload(model, mode: str | EngineConfig = "on-demand", *, artifact=None, **options) -> "Engine":
     """Patch a loaded transformers MoE model in place and return its engine handle.
 
-    mode            'resident' (experts stay in the model: the reference), 'on-demand' (route,
-                    fetch the missing experts, compute), 'router-preserving', 'speculative',
-                    'hybrid' (see evalsuite.engine.prediction).
-    cache_capacity  device expert slots: an int count, a float fraction of all experts,
-                    a size such as '256MiB', or 'all'.
-    cache_policy    'lru', 'lfu', 'least-stale' or 'predicted' (docs/performance.md).
-    cache_pools     'global' or 'per-layer'.
-    link            None / 'native' (real copies), a profile (pcie3, pcie4, pcie5, nvlink-c2c,
-                    ufs4, ufs3, sdcard) or '8GB/s+20us': emulated transfer time.
-    device          where the non-expert weights and the expert cache go (default: where the
-                    non-expert weights are); the model may sit anywhere, experts on meta included
-                    (evalsuite.engine.load_offloaded builds it so).
-    store           'host' (pinned host memory, one flat buffer per expert) or 'disk' (read when
-                    fetched from the safetensors checkpoint at `checkpoint`, default the model's
-                    own directory).
-    predictor       gate | quasi | adapter | estimator | oracle | trace-oracle | frequency | hybrid (default: gate,
-                    hybrid for mode 'hybrid'); `predictor_path` or `artifact` holds its calibration
-                    (for trace-oracle: a resident run's routing trace, offload(..., trace=True)).
-                    In resident mode a predictor only measures recall.
-    horizon         predict h sparse layers ahead (1 or 2; speculation needs 1).
-    prefetch_budget candidates considered per prediction (default top-k); `window=False`
-                    submits them all, without the scheduler's expected-saving test.
-    recall_k        k values for recall@k, top-k always among them (default: {K/2, K, 4K/3} rounded, K = top-k:
-                    evalsuite.engine.metrics.recall_ks).
-    drift_layers, drift_threshold, preserve_layers   hybrid: see evalsuite.engine.prediction.
-    transfer_timeout_s  a transfer not done by then raises instead of hanging.
-    shadows         predictors scored beside the run without acting (any mode; one layer ahead):
-                    recall@k per sample and the routing per sequence, batched rows included
-                    (evalsuite.engine.shadows): `take_shadows()`.
-    row_predictors  speculative or hybrid with several predictors in one generation: the batch's rows fall in
-                    equal groups, in order, group g predicted by row_predictors[g] (and, with shadows, scored
-                    for that predictor alone); see evalsuite.engine.row_groups.
-    keep_experts    every expert stays in the model (nothing offloaded, no cache, no link): a speculative
-                    or hybrid engine then substitutes experts with the model's own kernel, for
-                    accuracy alone (its decisions are per token, so the cache changes no token).
-    trace           record the routing of batch-1 decode steps (native, executed and predicted
-                    experts per sparse layer; see evalsuite.engine.trace): `routing_trace()`.
-    Bad options raise ValueError before the model is touched.
+    `mode` is a mode's name or a whole EngineConfig; `options` are EngineConfig's fields (the table in
+    docs/eval.md: `python -m evalsuite.engine.config`), applied on top. `artifact`: a calibration artifact
+    already loaded (evalsuite.predict.calibrate), instead of `predictor_path`. The model may sit anywhere,
+    experts on the meta device included (evalsuite.engine.load_offloaded builds it so). Bad options raise
+    ValueError before the model is touched.
     """
-    return Engine(model, mode=mode, **options)
+    config = mode.replace(**options) if isinstance(mode, EngineConfig) else EngineConfig(mode=mode, **options)
+    return Engine(model, config, artifact)
 
 
 class Engine(ExpertFetching):
     """The handle `offload` returns: stats(), reset_stats(), take_record(), prefetch(), close()."""
 
-    def __init__(self, model, mode="on-demand", cache_capacity=0.5, cache_policy="lru", cache_pools="global",
-                 link=None, store="host", checkpoint=None, transfer_timeout_s=60.0, predictor=None,
-                 predictor_path=None, artifact=None, horizon=1, prefetch_budget=None, window=True, recall_k=None,
-                 drift_layers=None, drift_threshold=0.6, preserve_layers=(), trace=False, shadows=(), keep_experts=False,
-                 row_predictors=(), device=None):
-        check_options(mode=mode, cache_capacity=cache_capacity, cache_policy=cache_policy, cache_pools=cache_pools,
-                      link=link, store=store, transfer_timeout_s=transfer_timeout_s, predictor=predictor,
-                      horizon=horizon, prefetch_budget=prefetch_budget, window=window, recall_k=recall_k,
-                      drift_layers=drift_layers, drift_threshold=drift_threshold, preserve_layers=preserve_layers,
-                      trace=trace, shadows=shadows, keep_experts=keep_experts, row_predictors=row_predictors,
-                      **({} if device is None else {"device": device}))
-        if row_predictors and not MODES[mode].speculates:
-            raise ValueError(f"row_predictors: mode {mode!r} executes no prediction, so its rows need no predictor "
-                             f"each; use it with {' or '.join(names_where(speculates=True))}")
+    def __init__(self, model, config: EngineConfig, artifact=None):
         if getattr(model, "_evalsuite_engine", None) is not None:
             raise ValueError("this model is already offloaded: close() its engine first")
-        self.model, self.mode = model, mode
+        self.config = c = config
+        self.model, self.mode = model, c.mode
         self.family = arch.family_of(model)
         self.layers = arch.sparse_layers(model)
         self.layout = ExpertLayout.of(self.layers[0].experts)
         if any(ExpertLayout.of(layer.experts) != self.layout for layer in self.layers):
             raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
         self.unloaded = placement.experts_unloaded(self.layers, self.layout)  # built without its experts
-        self.device = (torch.device(device) if device is not None
+        self.device = (torch.device(c.device) if c.device is not None
                        else placement.home_device(model, self.layers, self.layout))
-        self.timeout_s = transfer_timeout_s
-        self.link = parse_link(link)
+        self.timeout_s = c.transfer_timeout_s
+        self.link = parse_link(c.link)
         self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
         self.artifact_path = None  # the calibration artifact the predictor read, where it reads one
-        self.forward = Forward(decoding=False, rows=1)  # the pass running now (evalsuite.engine.forward)
+        self.forward = ForwardPass(decoding=False, rows=1)  # the pass running now (evalsuite.engine.pass_state)
         self._prefetched: set = set()  # prefetched experts not yet used
         # sparse layer -> {its prefetches sent since its router last settled them}: a layer in it has something for
         # settle_prefetches to do (the prediction driver looks at every layer, without a call)
-        self.unsettled: dict = {}
+        self.prefetches_to_settle: dict = {}
         self.stalled_s = 0.0  # seconds the compute thread waited for copies, over the engine's life
         self.missed = 0  # demand loads started, over the engine's life (the scheduler's stall per miss)
         self._decode_tally: dict = {}  # sparse layer -> [decode uses, those that would have missed], fading (miss_rate)
@@ -149,50 +106,40 @@ class Engine(ExpertFetching):
         self.demand_work_s, self._demand_n = 0.0, 0  # compute-thread seconds starting demand loads, and how many
         self.demand_cost_s: float | None = None  # per demand load: what a right prefetch spares (scheduler cost(r))
         self._shared: dict = {}  # the predictions the cache has: position -> (scores, confidence)
-        predictor = predictor or MODES[mode].predictor  # resident takes one only when given: it measures recall
+        predictor = c.predictor or MODES[c.mode].predictor  # resident takes one only when given: it measures recall
         top_k = self.layers[0].top_k
-        budget = prefetch_budget or top_k
+        budget = c.prefetch_budget or top_k
         if budget < top_k:
             raise ValueError(f"prefetch_budget={budget} is below top-k={top_k}")
         if predictor is not None:
-            self._check_predicting(horizon)
-            self.predictor = self._build_predictor(predictor, predictor_path, artifact, horizon, drift_layers,
-                                                   drift_threshold)
-        if row_predictors:
-            self.predictor = RowGroups([self._build_predictor(name, predictor_path, artifact, horizon, drift_layers,
-                                                              drift_threshold) for name in row_predictors],
-                                       lambda: self.forward.rows)
-        shadow_predictors = {name: self._build_predictor(name, predictor_path, artifact, 1, drift_layers,
-                                                         drift_threshold) for name in shadows}
-        offloads = MODES[mode].offloads and not keep_experts
-        if offloads:  # the last step that can fail on bad input, the first that changes the model
-            per_layer = cache_pools == "per-layer"
-            self.store, self.cache, self.transfers = build_tiers(self, cache_capacity, cache_policy, per_layer, store,
-                                                                 checkpoint)
-            self._cache_options = (cache_policy, per_layer)  # clear_cache builds the same cache again
+            self.predictor = self._build_predictor(predictor, artifact, c.horizon)
+        if c.row_predictors:
+            self.predictor = RowGroups([self._build_predictor(name, artifact, c.horizon)
+                                        for name in c.row_predictors], lambda: self.forward.rows)
+        shadow_predictors = {name: self._build_predictor(name, artifact, 1) for name in c.shadows}
+        if c.offloads:  # the last step that can fail on bad input, the first that changes the model
+            self.store, self.cache, self.transfers = move_experts_out(self, c)
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
                 placement.load_experts(self.layers, self.layout, self.family,
-                                       Checkpoint(checkpoint or model.config._name_or_path, self.layout.dtype),
+                                       Checkpoint(c.checkpoint or model.config._name_or_path, self.layout.dtype),
                                        self.device)
             model.to(self.device)
         self.budget, self.tracer, self._hooks = budget, None, []
         ids = image_token_ids(model)
         self.image_ids = torch.tensor(ids) if ids else None  # metrics by token kind
-        if trace:  # its router hooks go first, so they see the native routing
-            from .trace import TraceRecorder
+        if c.trace:  # its router hooks go first, so they see the native routing
+            from evalsuite.engine.trace import TraceRecorder
 
             self.tracer, hooks = TraceRecorder.attach(self)
             self._hooks += hooks
         self.shadows = None
-        ks = recall_ks(top_k, self.layers[0].num_experts, recall_k)  # recall@k's k (evalsuite.engine.metrics)
+        ks = recall_ks(top_k, self.layers[0].num_experts, c.recall_k)  # recall@k's k (evalsuite.engine.metrics)
         if shadow_predictors:  # their hooks see the native routing before the driver's, what ran after them
-            self.shadows = ShadowPredictions(self, shadow_predictors, ks, budget,
-                                             list(row_predictors) or None)
+            self.shadows = ShadowPredictions(self, shadow_predictors, ks, budget, list(c.row_predictors) or None)
         if predictor is not None:
-            scheduler = PrefetchScheduler(self, budget, window) if MODES[mode].predicts and offloads else None
-            self.driver = PredictionDriver(self, self.predictor, mode, horizon, ks,
-                                           preserve_layers, scheduler)
+            scheduler = PrefetchScheduler(self, budget, c.window) if MODES[c.mode].predicts and c.offloads else None
+            self.driver = PredictionDriver(self, self.predictor, c.mode, c.horizon, ks, c.preserve_layers, scheduler)
         if self.shadows is not None:
             self.shadows.attach_after()
         self._previous_impl = model.config._experts_implementation
@@ -204,23 +151,16 @@ class Engine(ExpertFetching):
         model._evalsuite_engine = self
 
     # ---- construction -------------------------------------------------------------------
-    def _check_predicting(self, horizon):
-        mode = MODES[self.mode]
-        if mode.offloads and not mode.predicts:
-            raise ValueError(f"mode {self.mode!r} uses no predictor; choose one of: "
-                             f"{', '.join(names_where(predicts=True))}")
-        if mode.speculates and horizon != 1:
-            raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
-
-    def _build_predictor(self, name, predictor_path, artifact, horizon, drift_layers, drift_threshold):
-        kind = PREDICTORS[name]  # check_options knows the registered names
-        if predictor_path is None and artifact is None and kind.needs_artifact:  # the checkpoint's own, if it ships one
-            predictor_path = artifact_beside(getattr(self.model, "name_or_path", None))
+    def _build_predictor(self, name, artifact, horizon):
+        c, kind = self.config, PREDICTORS[name]  # EngineConfig knows the registered names
+        path = c.predictor_path
+        if path is None and artifact is None and kind.needs_artifact:  # the checkpoint's own, if it ships one
+            path = artifact_beside(getattr(self.model, "name_or_path", None))
         if kind.needs_artifact:
-            self.artifact_path = predictor_path
-        if predictor_path is not None:
-            artifact = kind.load(predictor_path, self.model, self.layers)
-        return kind.build(name, self.layers, self.family, artifact, horizon, drift_layers, drift_threshold,
+            self.artifact_path = path
+        if path is not None:
+            artifact = kind.load(path, self.model, self.layers)
+        return kind.build(name, self.layers, self.family, artifact, horizon, c.drift_layers, c.drift_threshold,
                           self.device)
 
     def routing_trace(self):
@@ -257,7 +197,7 @@ class Engine(ExpertFetching):
         kv_arg = "cache" if "cache" in kwargs else "past_key_values"
         kv_cache = kwargs.get(kv_arg)  # the attention's key/value cache (self.cache is the expert cache)
         decoding = kv_cache is not None and kv_cache.get_seq_length() > 0
-        self.forward = Forward.of_call(args, kwargs, decoding, self.image_ids)
+        self.forward = ForwardPass.of_call(args, kwargs, decoding, self.image_ids)
         if not decoding:  # a new request: its prefill
             if self.driver is not None:
                 self.driver.end_request()
@@ -319,11 +259,12 @@ class Engine(ExpertFetching):
             except TransferError:
                 pass  # a failed copy leaves nothing to keep: its slot is emptied with the rest
         self._prefetched.clear()
-        self.unsettled.clear()
+        self.prefetches_to_settle.clear()
         # a new, empty cache over the same slot memory (built on the meta device: nothing is allocated)
         slots = self.cache.slots
         self.cache = ExpertCache([l.index for l in self.layers], slots.shape[0], self.layout.numel,
-                                 self.layout.dtype, "meta", *self._cache_options)
+                                 self.layout.dtype, "meta", self.config.cache_policy,
+                                 self.config.cache_pools == "per-layer")
         self.cache.slots = slots
 
     def keep_rows(self, rows: list[int]) -> None:
@@ -378,7 +319,7 @@ class Engine(ExpertFetching):
         if self.transfers is not None:
             self.transfers.close()
             if not self.unloaded:  # one built without experts leaves without
-                restore_experts(self.layers, self.layout, self.store, self.device)
+                put_experts_back(self.layers, self.layout, self.store, self.device)
             # drop the big buffers now: engine, driver and scheduler refer to each other, so
             # the garbage collector would free them only some time later
             self.cache = self.store = self.transfers.store = None

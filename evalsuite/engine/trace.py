@@ -18,9 +18,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .forward import Forward
-from .metrics import ranked_recall
-from .prompt_precision import PromptRows
+from evalsuite.engine.pass_state.forward_pass import ForwardPass
+from evalsuite.engine.metrics import ranked_recall
+from evalsuite.engine.prediction.prompt_precision import PromptRows
 
 VERSION = 2  # 2: the first sparse layer's prediction is stored with the step it is for
 
@@ -43,7 +43,7 @@ class RoutingTrace:
     # the prefill leaves those experts in the cache, which the simulator must know
     prefills: list = field(default_factory=list)
     # per request (where recorded), its prefill's rows scored per sparse layer, {layer: PromptRows}: what the
-    # scheduler learns of the predictor's precision before decoding (evalsuite.engine.prompt_precision)
+    # scheduler learns of the predictor's precision before decoding (evalsuite.engine.prediction.prompt_precision)
     prompts: list = field(default_factory=list)
 
     def save(self, path) -> None:
@@ -129,8 +129,8 @@ class TraceRecorder:
             return hook
         return recorder, [layer.router.register_forward_hook(native_of(layer.index)) for layer in engine.layers]
 
-    def forward_started(self, forward: Forward) -> None:
-        """A new forward pass (evalsuite.engine.forward.Forward): only batch-1 ones are recorded."""
+    def forward_started(self, forward: ForwardPass) -> None:
+        """A new forward pass (evalsuite.engine.pass_state.forward_pass.ForwardPass): only batch-1 ones are recorded."""
         self._flush()
         self._step = {} if forward.decoding and forward.rows == 1 else None
         self._prefill = {} if not forward.decoding and forward.rows == 1 else None
@@ -151,7 +151,7 @@ class TraceRecorder:
 
     def predicted(self, layer: int, ranked) -> None:
         """`ranked`: the candidates; or, to be ranked once the trace is read, a function giving them
-        (engine.put_off.Later) or a put-off token with `ranked_for(layer)` (engine.put_off.QuietToken)."""
+        (engine.put_off.PutOffPrediction) or a put-off token with `ranked_for(layer)` (engine.put_off.PutOffToken)."""
         if self._step is None:
             return
         if type(ranked) is list or not (callable(ranked) or hasattr(ranked, "ranked_for")):
@@ -166,7 +166,7 @@ class TraceRecorder:
             routing.predicted = ranked
 
     def prompt(self, layer: int, rows: PromptRows) -> None:
-        """The running prefill's rows scored for `layer` (evalsuite.engine.prompt_precision)."""
+        """The running prefill's rows scored for `layer` (evalsuite.engine.prediction.prompt_precision)."""
         if self._prefill is not None:
             self._prompt[layer] = rows
 

@@ -6,7 +6,7 @@ samples are the resident pass's; a speculative decision is per token, so specula
 accuracy does not depend on the batch or the cache either. The plan therefore generates, batched:
 
   one resident pass     every predictor of the router-preserving runs scored beside it as a shadow
-                        (evalsuite.engine.shadows): recall@k per sample and layer, and the routing
+                        (evalsuite.engine.prediction.shadows): recall@k per sample and layer, and the routing
   one speculative pass  every expert resident; each batch is generated once per speculative predictor
                         in one call, row group g executing predictor g (`row_predictors`), each
                         predictor its own rows' shadow; lm-eval then scores every group's answers; its
@@ -35,11 +35,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import timing
-from ..engine.cache import capacity_in_experts
+from ..engine.cache.slots import capacity_in_experts
 from ..engine.metrics import scores_summary, summarise
 from ..engine.modes import MODES, REFERENCE
 from ..engine.prediction import artifact_beside
-from ..engine.links import parse_link
+from ..engine.link.profiles import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
 from ..predict.artifact import predictor_parameters

@@ -13,7 +13,7 @@ import os
 
 from ..engine import arch
 from ..engine.modes import MODES, names_where, predictor_choice
-from ..engine.options import check_options
+from ..engine.config import check_options
 from ..engine.prediction import ARTIFACT_FILE, PREDICTORS, artifact_beside
 from ..hub import local_model
 

@@ -7,7 +7,7 @@ the engine's measurements are attributed to the task that caused them.
 
 On a device other than the CPU, or with `store=disk`, the model is never loaded whole: it is built
 with its experts on the meta device and only its non-expert weights are read onto the device
-(evalsuite.engine.loading), so a model larger than the device (and, with the disk store, than host
+(evalsuite.engine.placement.loading), so a model larger than the device (and, with the disk store, than host
 memory) runs. `pretrained` may be a Hugging Face Hub id, resolved through the local cache.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from lm_eval.models.utils_hf import get_dtype
 from tqdm import tqdm
 
 from ..engine import offload
-from ..engine.loading import load_skeleton
-from ..engine.options import check_options
+from ..engine.config import EngineConfig, check_device
+from ..engine.placement.loading import load_skeleton
 from ..engine.metrics import EngineRecord, merge_scores
 from ..engine.modes import MODES
 from ..hub import local_model
@@ -32,12 +32,7 @@ from ..predict import fingerprint
 from .dropping import batch_one_length, eos_ids, generate_dropping_ended, plain_cache
 from .engine_metrics import TASK_SUMMARIES, GeneratedText
 
-ENGINE_ARGS = ("mode", "predictor", "predictor_path", "cache_capacity", "cache_policy", "cache_pools", "link",
-               "store", "horizon", "prefetch_budget", "window", "drift_threshold", "transfer_timeout_s",
-               "recall_k", "drift_layers", "preserve_layers", "shadows", "keep_experts", "row_predictors")
-# model_args are comma-separated, so a list value separates its items with ';': recall_k=1;2;8, shadows=gate;quasi
-LIST_ARGS = ("recall_k", "drift_layers", "preserve_layers")
-NAME_LISTS = ("shadows", "row_predictors")
+ENGINE_ARGS = EngineConfig.model_args()  # model_args the engine takes (a list's items separated by ';')
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
 # what lm-eval hands its loader that does not change the weights; any other loading option (peft, delta,
 # parallelize, quantization, gguf_file, from_pretrained keywords) acts on from_pretrained, which a model built
@@ -45,20 +40,10 @@ LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
 LOADER_IGNORED = ("revision", "trust_remote_code", "gpus", "max_memory_per_gpu", "max_cpu_memory", "offload_folder")
 
 
-def parse_list(name: str, value) -> list[int]:
-    """`1;2;8` (or a single number, which lm-eval has already made an int) -> [1, 2, 8]."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
+def check_engine_args(args: dict) -> EngineConfig:
+    """The engine's configuration from its model_args, checked before any model is loaded."""
     try:
-        return [int(item) for item in str(value).split(";")]
-    except ValueError:
-        raise ValueError(f"{name}={value!r} must be whole numbers separated by ';', e.g. {name}=1;2;8") from None
-
-
-def check_engine_args(args: dict) -> None:
-    """The engine's own option rules (evalsuite.engine.options), applied before any model is loaded."""
-    try:
-        check_options(**{k: v for k, v in args.items() if k != "predictor_path"})
+        return EngineConfig(**args)
     except ValueError as exc:
         raise ValueError(f"specmoe: {exc}") from None
 
@@ -313,12 +298,12 @@ class ShadowRecord:
 
 
 def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
-    engine_args = {k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs}
+    """The engine's model_args taken out of `kwargs` (lists as lists), checked as an EngineConfig."""
     try:
-        engine_args.update({k: parse_list(k, engine_args[k]) for k in LIST_ARGS if k in engine_args})
+        parsed = EngineConfig.parse_model_args({k: kwargs.pop(k) for k in ENGINE_ARGS if k in kwargs})
     except ValueError as exc:
         raise ValueError(f"specmoe: {exc}") from None
-    engine_args.update({k: [n for n in str(engine_args[k]).split(";") if n] for k in NAME_LISTS if k in engine_args})
+    engine_args = {k: list(v) if isinstance(v, tuple) else v for k, v in parsed.items()}
     # lm-eval parses model_args: '0.25' arrives as 0.25, '8' as 8, '512MiB' and 'all' as text
     engine_args.update(mode=mode, cache_capacity=cache_capacity)
     check_engine_args(engine_args)
@@ -326,15 +311,17 @@ def _engine_args(kwargs: dict, mode, cache_capacity) -> dict:
     # where there is no GPU; any other device this machine lacks (device=cuda) is one line, before anything loads
     if kwargs.get("device") is None or (kwargs["device"] == LM_EVAL_DEFAULT_DEVICE and not torch.cuda.is_available()):
         kwargs["device"] = "cpu"
-    check_engine_args({"device": kwargs["device"]})
+    try:
+        check_device(kwargs["device"])
+    except ValueError as exc:
+        raise ValueError(f"specmoe: {exc}") from None
     return engine_args
 
 
 @register_model("specmoe")
 class SpecMoELM(EngineAdapter, HFLM):
-    """model_args: pretrained, mode, predictor, predictor_path, cache_capacity, cache_policy,
-    cache_pools, link, store, horizon, prefetch_budget, window, recall_k, drift_layers, preserve_layers (lists:
-    `recall_k=1;2;8`), ... plus every HFLM argument."""
+    """model_args: pretrained, the engine's options (EngineConfig.model_args(); lists separated by ';':
+    `recall_k=1;2;8`), plus every HFLM argument."""
 
     def __init__(self, pretrained, mode: str = "on-demand", cache_capacity=0.5, experts_implementation="eager",
                  **kwargs):

@@ -124,12 +124,12 @@ class DriverClock:
             def call(*args):
                 begun = time.perf_counter()
                 out = method(*args)
-                if engine.forward.decoding:  # (the engine makes a new Forward per call)
+                if engine.forward.decoding:  # (the engine makes a new ForwardPass per call)
                     self.seconds += time.perf_counter() - begun
                 return out
             return call
 
-        def counted_predict(target, *args):  # made: its (scores, ranked) pending after; put off: a Later
+        def counted_predict(target, *args):  # made: its (scores, ranked) pending after; put off: a PutOffPrediction
             predict(target, *args)
             self.predictions += engine.forward.decoding and type(driver.pending.get(target)) is tuple
 
@@ -280,7 +280,7 @@ def _warm_tpot(model, ids, tokens, mode, predictor, artifact, clocked: bool = Fa
 def handoff_seconds(device: str, repeats: int = 50) -> float:
     """Median time from submitting a copy of a small tensor to the waiting thread resuming: the
     fixed cost of every wait on the transfer worker, whatever the link."""
-    from ..engine.transfer import TransferWorker
+    from ..engine.link.worker import TransferWorker
 
     class _Store:
         def copy_into(self, key, dst):

@@ -92,7 +92,7 @@ def bench_store(model) -> str:
 
 def unloaded(model) -> bool:
     from ..engine.placement import experts_unloaded
-    from ..engine.store import ExpertLayout
+    from ..engine.placement.store import ExpertLayout
 
     layers = sparse_layers(model)
     return experts_unloaded(layers, ExpertLayout.of(layers[0].experts))
@@ -107,7 +107,7 @@ def whole(model):
         return
     from ..engine.arch import family_of
     from ..engine.placement import drop_experts, home_device, load_experts
-    from ..engine.store import Checkpoint, ExpertLayout
+    from ..engine.placement.store import Checkpoint, ExpertLayout
 
     layers = sparse_layers(model)
     layout = ExpertLayout.of(layers[0].experts)

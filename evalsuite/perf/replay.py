@@ -5,7 +5,7 @@ prefetches at the eviction end) and PrefetchScheduler (per-rank online precision
 expected-saving rule, decode-only layer time without stalls), driven by this simulated clock
 instead of the wall clock. What this file models is the control flow around them, step for step
 as Engine.weights_in_order / prefetch / settle_prefetches and PredictionDriver.on_router /
-release_prefetch run it, over a SerialLink (evalsuite.engine.serial_link) instead of the transfer
+release_prefetch run it, over a SerialLink (evalsuite.engine.link.serial) instead of the transfer
 worker. The replay is the engine object the scheduler talks to: `layers`, `cache`,
 `transfers`, `prefetch`.
 """
@@ -16,13 +16,13 @@ from types import SimpleNamespace
 
 import torch
 
-from ..engine.cache import ExpertCache
-from ..engine.fetching import absent_share, count_use, fading_keep, rate_of
+from ..engine.cache.slots import ExpertCache
+from ..engine.cache.fetching import absent_share, count_use, fading_keep, rate_of
 from ..engine.metrics import Counters, summarise
 from ..engine.modes import MODES, Mode
-from ..engine.scheduler import PrefetchScheduler
-from ..engine.shadows import routing_trace
-from ..engine.serial_link import SerialLink
+from ..engine.prediction.scheduler import PrefetchScheduler
+from ..engine.prediction.shadows import routing_trace
+from ..engine.link.serial import SerialLink
 
 # The simulator's one mode beyond the engine's, its idealised case: router-preserving where every
 # layer's prediction is the native routing and is never put off (with no predictor cost: prediction's
@@ -92,7 +92,7 @@ class Replay:
         self.tpots: list[float] = []
         self.prefilling = False
         self.prefetched: set = set()  # prefetched experts not yet used (the engine's _prefetched)
-        self.unsettled: dict = {}  # sparse layer -> {its prefetches since its router last settled them}
+        self.prefetches_to_settle: dict = {}  # sparse layer -> {its prefetches since its router last settled them}
         self._layer_uses: dict = {}  # layer -> [decode uses, those that would have missed], fading (miss_rate)
         self._tally_keep = fading_keep(trace.top_k)
         self.pending: dict[int, list] = {}  # target position -> ranked prediction, until that layer routes
@@ -137,7 +137,7 @@ class Replay:
         put off stands, nothing of the last step's prediction in flight or made online). It costs what putting
         one prediction off does: its first layer's start, 16-17 us in place on tiny-qwen3-moe against 17 us for
         one put off; the ~2 us its other layers each spend keeping their inputs are left out."""
-        if (not self.predicting or not self.scheduler.quiet_possible or 0 in self.pending or self.unsettled
+        if (not self.predicting or not self.scheduler.quiet_possible or 0 in self.pending or self.prefetches_to_settle
                 or not self.scheduler.put_off_all()):
             return False
         self.pending, self.deferred = {}, None
@@ -217,7 +217,7 @@ class Replay:
             return
         if not self._speculates(target) and not self.perfect and self.cache.policy != "predicted" \
                 and not self.scheduler.worth_predicting(target, 1):
-            # PredictionDriver leaves it for after the request (prediction.Later): no prefetch now, and the
+            # PredictionDriver leaves it for after the request (prediction.PutOffPrediction): no prefetch now, and the
             # scheduler learns its precision when the request ends; putting it off costs what the engine timed
             layer = self.trace.layers[target]
             self.put_off.append((layer, ranked, set(routing.native), self.cache.resident_bits[layer]))
@@ -327,7 +327,7 @@ class Replay:
             self._evicted(evicted)
             self._submit(key, prefetch=not demand)
             self.prefetched.add(key)
-            self.unsettled.setdefault(layer, {})[key] = None
+            self.prefetches_to_settle.setdefault(layer, {})[key] = None
             self.counters.prefetches += 1
             started += 1
         return started
@@ -335,7 +335,7 @@ class Replay:
     def _settle_prefetches(self, layer: int, confirmed: set) -> None:
         self.link.advance(self.t)
         pinned, wrong = {}, []
-        for key in self.unsettled.pop(layer, {}):
+        for key in self.prefetches_to_settle.pop(layer, {}):
             copy = self.cache.transfers.get(key)
             if key not in self.prefetched or copy is None or copy.done.is_set():
                 continue  # used, evicted, or landed: a landed one stays at the eviction end, maybe used later
@@ -352,7 +352,7 @@ class Replay:
                 self.prefetched.discard(key)
                 self.counters.prefetch_cancelled += 1
         if pinned:
-            self.unsettled[layer] = pinned
+            self.prefetches_to_settle[layer] = pinned
 
     def _evicted(self, key) -> None:
         if key in self.prefetched:  # a prefetch that was never used
@@ -393,7 +393,7 @@ def replayed_stats(trace, costs, capacity: int, mode: str, policy: str = "lru", 
 
 def replayed_sequences(sequences, predictor, layers, experts, top_k, meta, costs, capacity, mode, policy="lru",
                        per_layer=False) -> dict:
-    """replayed_stats over the trace of shadow-recorded sequences (evalsuite.engine.shadows.routing_trace),
+    """replayed_stats over the trace of shadow-recorded sequences (evalsuite.engine.prediction.shadows.routing_trace),
     built here: the replay process's whole job."""
     trace = routing_trace(sequences, predictor, layers, experts, top_k, meta)
     return replayed_stats(trace, costs, capacity, mode, policy, per_layer)

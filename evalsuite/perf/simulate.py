@@ -2,7 +2,7 @@
 
 The simulation replays the engine's decode loop event by event, batch 1 (evalsuite.perf.replay),
 with the engine's own expert cache and prefetch scheduler over a simulated link
-(evalsuite.engine.serial_link):
+(evalsuite.engine.link.serial):
 
   per sparse layer   dense part (attention, norms, router, shared experts); at the router the
                      scheduler scores the prediction made for this layer, this layer's
@@ -14,7 +14,7 @@ with the engine's own expert cache and prefetch scheduler over a simulated link
   per step           the rest (embedding, dense layers, LM head, sampling)
   the link           one copy at a time in chunks of `chunk_s`; demand first at every chunk
                      boundary, so a demand load waits at most one chunk behind a prefetch
-  the cache          evalsuite.engine.cache.ExpertCache with the chosen eviction policy:
+  the cache          evalsuite.engine.cache.slots.ExpertCache with the chosen eviction policy:
                      experts in use or in flight are never evicted, unused prefetches go first
   prefetching        router-preserving layers: PrefetchScheduler's expected-saving rule;
                      speculative / hybrid layers (from the second): the predicted top-k, all
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.cache import ExpertCache
-from ..engine.links import CHUNK_SECONDS
+from ..engine.cache.slots import ExpertCache
+from ..engine.link.profiles import CHUNK_SECONDS
 from .replay import PERFECT_PREFETCH, SIMULATED_MODES, Replay
 from ..engine.trace import RoutingTrace
 

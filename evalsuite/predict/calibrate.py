@@ -18,9 +18,9 @@ from tqdm import tqdm
 from ..engine import arch
 from ..engine.kernel import expert_mlp
 from ..engine.metrics import token_recall
-from ..engine.store import ExpertLayout
+from ..engine.placement.store import ExpertLayout
 from .artifact import ESTIMATOR_PARTS, SHARED_ADAPTER, SHARED_BLOCK_PARTS, Artifact, fingerprint
-from ..engine.prediction import LayerState
+from ..engine.pass_state.layer_state import LayerState
 from .predictors import (AdapterPredictor, EstimatorPredictor, FrequencyPredictor, GatePredictor, QuasiPredictor,
                          SharedAdapterPredictor, router_logits, shared_correction)
 
@@ -119,7 +119,7 @@ def train_adapter(router, x, target_logits, rank, epochs, lr, desc="adapter"):
 
 
 # The estimators' GELU: the tanh form, because a prediction runs at every sparse layer and on a CPU the exact
-# (erf) form of a [1, 64] hidden costs 7.6 us a call where the tanh form costs 1.3 (docs/performance.md)
+# (erf) form of a [1, 64] hidden costs several times the tanh form
 ESTIMATOR_GELU = "tanh"
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.prediction import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
-from ..engine.scheduler import ranked
-from ..engine.taps import untapped
+from ..engine.pass_state.layer_state import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
+from ..engine.prediction.scheduler import ranked
+from ..engine.pass_state.input_taps import untapped
 
 
 def router_logits(router, x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch.nn as nn
 
-from . import deepseek, gpt_oss, softmax_topk
+from evalsuite.engine.arch import deepseek, gpt_oss, softmax_topk
 
 FAMILIES: dict[str, ModuleType] = {t: fam for fam in (softmax_topk, deepseek, gpt_oss) for t in fam.MODEL_TYPES}
 SUPPORTED = tuple(sorted(FAMILIES))

@@ -2,23 +2,22 @@
 inputs the predictor would have read, kept as the model left them, for recall, the scheduler's
 precision and the trace only; no prefetch comes of them.
 
-Later       one prediction put off at a layer whose verdict was asked there.
-QuietToken  a decode token none of whose predictions is asked for: every sparse layer's verdict to put
-            off stands (PrefetchScheduler.put_off_all), so at each layer the driver only keeps the
-            inputs its prediction reads (PredictionDriver.quiet_keeps) and the ids, and the token's Laters
-            are made from them when the request ends. On a link where no prefetch pays (pcie4,
-            tiny-qwen3-moe) a put-off layer's bookkeeping cost ~3 % of a 3 ms token, keeping the inputs
-            alone ~0.5 % (docs/performance-runs.md, "Quiet tokens, and what a prediction is charged").
+PutOffPrediction  one prediction put off at a layer whose verdict was asked there.
+PutOffToken       a decode token none of whose predictions is asked for ("quiet"): every sparse layer's verdict
+                  to put off stands (PrefetchScheduler.put_off_all), so at each layer the driver keeps only the
+                  inputs its prediction reads (PredictionDriver.quiet_keeps) and the ids, and the token's
+                  PutOffPredictions are made from them when the request ends: keeping inputs costs the hot path
+                  far less than the bookkeeping of a prediction put off layer by layer.
 """
 from __future__ import annotations
 
 import torch
 
-from .layer_state import LayerState
-from .scheduler import ranked
+from evalsuite.engine.pass_state.layer_state import LayerState
+from evalsuite.engine.prediction.scheduler import ranked
 
 
-class Later:
+class PutOffPrediction:
     """A prediction put off until its request ends: the predictor's call `score(state)` on the LayerState of
     sparse layer `pos` (router input `x`, `residual`, `ids`, `weights`), made once when first asked for.
     `reads`: the fields it reads. Called, it gives the `budget` ranked candidates (what the trace reads). It
@@ -62,28 +61,28 @@ def versions_of(x, residual, ids, weights) -> tuple:
     return x._version, None if residual is None else residual._version, ids._version, weights._version
 
 
-class QuietToken:
+class PutOffToken:
     """A decode token whose every prediction is put off, unasked. `inputs`: what each sparse layer gave the driver,
     appended as the token runs, FIELDS entries a layer: x, residual, ids, weights, their version counters, and what
     the cache holds of the layer it predicts (one flat list: a tuple a layer and one of its versions were two
     objects more a layer for the garbage collector to count and walk until the request ends); `first`: the
-    prediction for its first sparse layer (made at the last token's last, a Later), or None. `driver` says what
+    prediction for its first sparse layer (made at the last token's last, a PutOffPrediction), or None. `driver` says what
     each position predicts (`target_of`) and how (its `_score_ahead`, `_score_next`, `reads_of`, the
-    engine's budget). The token's Laters are made from `inputs` when first asked for (`prediction_for`); the trace
+    engine's budget). The token's PutOffPredictions are made from `inputs` when first asked for (`prediction_for`); the trace
     asks for them by the layer predicted (`ranked_for`). `kinds`: where its forward pass's image and text tokens
     are (TokenKinds; None for a text model), for recall by kind."""
 
     __slots__ = ("inputs", "first", "kinds", "_driver", "_made", "_keeps")
     FIELDS = 9
 
-    def __init__(self, driver, first: Later | None, kinds=None):
+    def __init__(self, driver, first: PutOffPrediction | None, kinds=None):
         self.inputs: list = []
         self.first, self.kinds, self._driver, self._made = first, kinds, driver, {}
         self._keeps = driver.quiet_keeps  # per position, whether (x, residual, weights) are read
 
     def keep(self, x, residual, ids, weights, resident: int | None) -> None:
         """The next sparse layer's inputs, those its prediction reads (driver.quiet_keeps; the others None) and the
-        ids, with their version counters now, and the resident experts of the layer it predicts (see Later)."""
+        ids, with their version counters now, and the resident experts of the layer it predicts (see PutOffPrediction)."""
         keeps_x, keeps_residual, keeps_weights = self._keeps[len(self.inputs) // self.FIELDS]
         x = x if keeps_x else None
         residual = residual if keeps_residual else None
@@ -101,18 +100,18 @@ class QuietToken:
         """Whether every sparse layer of the token ran."""
         return len(self.inputs) == len(self._driver.target_of) * self.FIELDS
 
-    def made_at(self, pos: int) -> Later:
+    def made_at(self, pos: int) -> PutOffPrediction:
         """The prediction sparse layer `pos` of this token put off (for the layer `target_of[pos]`)."""
         later = self._made.get(pos)
         if later is None:
             driver, at = self._driver, pos * self.FIELDS
             x, residual, ids, weights, *versions, resident = self.inputs[at:at + self.FIELDS]
             score = driver._score_ahead if driver.target_of[pos] else driver._score_next
-            later = self._made[pos] = Later(score, driver.reads_of[pos], driver.engine.budget, pos, x, residual, ids,
+            later = self._made[pos] = PutOffPrediction(score, driver.reads_of[pos], driver.engine.budget, pos, x, residual, ids,
                                             weights, tuple(versions), resident)
         return later
 
-    def prediction_for(self, pos: int) -> Later | None:
+    def prediction_for(self, pos: int) -> PutOffPrediction | None:
         """The prediction for this token's sparse layer `pos`, None where none was made."""
         if pos == 0:
             return self.first

@@ -1,7 +1,7 @@
 """The expert link as a schedule: one serial link, worked out lazily, in any clock.
 
 The simulator (evalsuite.perf.replay) runs it in simulated time, as the transfer worker
-(evalsuite.engine.transfer) serves copies; an emulated link on the CPU (evalsuite.engine.lazy_link)
+(evalsuite.engine.link.worker) serves copies; an emulated link on the CPU (evalsuite.engine.link.lazy)
 runs it in wall-clock time, with no thread of its own.
 
 One copy moves at a time, in chunks of `chunk_s` seconds of link time. After every chunk the

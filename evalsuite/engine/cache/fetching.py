@@ -11,8 +11,8 @@ from collections import deque
 
 import torch
 
-from .metrics import Counters
-from .transfer import TransferError
+from evalsuite.engine.metrics import Counters
+from evalsuite.engine.link.worker import TransferError
 
 # a layer's miss rate rests on about its last MISS_RATE_MEMORY decode steps' uses (each older use weighs
 # 1 - 1/(MISS_RATE_MEMORY·top-k) less): a request's first decode tokens miss far more than its later ones (the
@@ -103,7 +103,7 @@ class ExpertFetching:
             self._evicted(evicted)
             self._submit(key, slot, counters, prefetch=not demand)
             self._prefetched.add(key)
-            self.unsettled.setdefault(layer, {})[key] = None
+            self.prefetches_to_settle.setdefault(layer, {})[key] = None
             counters.prefetches += 1
             started += 1
         self._prefetch_work(time.perf_counter() - begun, started)
@@ -139,12 +139,12 @@ class ExpertFetching:
         how many were cancelled. Only the layer's prefetches sent since its router last settled them
         are looked at (promoted in the order they were sent, cancelled newest first): the others
         landed, were promoted (and so ran, and landed) or were cancelled then."""
-        unsettled = self.unsettled.pop(layer, None)
-        if self.cache is None or not unsettled:
+        prefetches_to_settle = self.prefetches_to_settle.pop(layer, None)
+        if self.cache is None or not prefetches_to_settle:
             return 0
         begun = time.perf_counter()
         counters, cancelled, pinned, wrong = self.record.counters[layer], 0, {}, []
-        for key in unsettled:
+        for key in prefetches_to_settle:
             transfer = self.cache.transfers.get(key)
             if key not in self._prefetched or transfer is None or transfer.done.is_set():
                 continue  # used, evicted, or landed: a landed one stays at the eviction end, maybe used later
@@ -164,7 +164,7 @@ class ExpertFetching:
                 counters.prefetch_cancelled += 1
                 cancelled += 1
         if pinned:
-            self.unsettled[layer] = pinned  # nothing above sends a prefetch, so the layer has no newer ones
+            self.prefetches_to_settle[layer] = pinned  # nothing above sends a prefetch, so the layer has no newer ones
         self._prefetch_work(time.perf_counter() - begun, 0)
         return cancelled
 

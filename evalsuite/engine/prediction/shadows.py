@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .forward import Forward
-from .layer_state import LayerState
-from .metrics import add_samples
-from .request_recall import per_token_scores, row_means, scored_as, step_rows
-from .prompt_precision import PromptRows, prompt_rows
-from .taps import tap_input
-from .trace import LayerRouting, RoutingTrace
+from evalsuite.engine.pass_state.forward_pass import ForwardPass
+from evalsuite.engine.pass_state.layer_state import LayerState
+from evalsuite.engine.metrics import add_samples
+from evalsuite.engine.prediction.request_recall import per_token_scores, row_means, scored_as, step_rows
+from evalsuite.engine.prediction.prompt_precision import PromptRows, prompt_rows
+from evalsuite.engine.pass_state.input_taps import tap_input
+from evalsuite.engine.trace import LayerRouting, RoutingTrace
 
 
 @dataclass
@@ -44,7 +44,7 @@ class SequenceRouting:
     executed: list[list[list[int]]] = field(default_factory=list)
     predicted: dict[str, list[list[list[int] | None]]] = field(default_factory=dict)  # predictor -> step -> layer
     executed_by: str | None = None  # with row_predictors: the predictor its row group executed
-    # predictor -> sparse layer -> the prefill's rows scored (evalsuite.engine.prompt_precision), for the
+    # predictor -> sparse layer -> the prefill's rows scored (evalsuite.engine.prediction.prompt_precision), for the
     # predictors whose scores are their inputs' alone (a fresh engine's scheduler learns from them)
     prompt: dict[str, dict[int, PromptRows]] = field(default_factory=dict)
 
@@ -92,8 +92,8 @@ class ShadowPredictions:
                 self._predict(pos, args[0].reshape(-1, args[0].shape[-1]), output)
         return hook
 
-    def forward_started(self, forward: Forward) -> None:
-        """A new forward pass (evalsuite.engine.forward.Forward): a prefill starts a request."""
+    def forward_started(self, forward: ForwardPass) -> None:
+        """A new forward pass (evalsuite.engine.pass_state.forward_pass.ForwardPass): a prefill starts a request."""
         if not forward.decoding:
             self.end_request()
             self._request = _Request(forward.rows, forward.attention_mask, len(self.engine.layers),

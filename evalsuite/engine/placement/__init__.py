@@ -1,7 +1,7 @@
 """Where an offloaded model's weights go: the non-expert weights on the device, experts in the store.
 
 A model may reach `offload()` whole on the device, whole on the host, or built without its
-experts (their fused parameters on the meta device, see evalsuite.engine.loading). These helpers
+experts (their fused parameters on the meta device, see evalsuite.engine.placement.loading). These helpers
 say where its non-expert weights are, what the device gains and loses by offloading, and move
 only the non-expert weights.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .store import read_expert
+from evalsuite.engine.placement.store import read_expert
 
 
 def expert_params(layers, layout) -> list[torch.Tensor]:

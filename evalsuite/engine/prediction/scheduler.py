@@ -1,71 +1,33 @@
 """Prefetch scheduling: send a candidate when what it is expected to save exceeds what it costs.
+The reasoning behind each term: docs/performance.md, "The prefetch policy".
 
-Candidates are ranked by the predictor's confidence (its probability mass summed over the tokens
-in flight, `ranked`, computed once per prediction); resident and in-flight experts are skipped;
-at most `budget` are considered.
+Candidates are ranked by the predictor's confidence (its probability mass summed over the tokens in flight,
+`ranked`, once per prediction); resident and in-flight experts are skipped; at most `budget` are considered.
 
-saved(r)   the part of candidate r's copy done before its layer starts. The current layer's demand
-           loads delay the copy and the compute alike (the compute waits for them), so what r
-           waits behind is the prefetches already queued or moving, then the candidates before it:
-           its copy starts q·t after the demand loads (q copies ahead, t seconds per transfer) and
-           by the layer's start (`lead` seconds of compute later) it has moved
-           min(t, max(0, lead − q·t)) of its t seconds. A copy that lands late still saves
-           that part: when the router picks it, it is promoted and finishes as a demand load.
-           A landed right prefetch saves at most what one more demand miss stalls, which is less
-           than a copy where demand copies overlap the compute of the layer's other experts (a
-           fast link): `stall_per_miss`, the slope of a put-off decode step's stall on its demand
-           misses, fitted over the last MISS_MEMORY such steps of all layers, stands in for t
-           where smaller (tiny-qwen3-moe at 25 %: 0.07-0.08 ms against t = 0.147 ms on ufs4, 3.09
-           against 3.19 ms on the SD card, where the copy dwarfs the compute).
-lead       layer_s·h; for the next token's first sparse layer, the measured time from the last sparse
-           layer's router to it (wrap_s: the LM head, sampling and the layers before the first sparse
-           one, about 1.5 layer_s on tiny-qwen3-moe), in place of one layer_s.
-p(l, r)    online precision of rank r at sparse layer l: of the past decode predictions for l,
-           the share whose rank-r candidate the router picked (Laplace-smoothed: (hits+1)/(n+2)).
-pm(l, r)   the same over the rank-r candidates that were missing from the cache when their
-           prediction was scheduled, or for one put off (made after its request), when it was put off
-           (ExpertCache.resident_bits, kept with it and scored when the request ends): only missing ones
-           are ever sent, and they are the ones a predictor gets wrong most (what it gets right is
-           mostly what the cache already holds), so with a large cache pm can be well below p
-           (docs/performance.md, "The prefetch policy"). Counted on online predictions alone, pm rested
-           on the few a layer makes where most are put off and stayed near its prior p (tiny-qwen3-moe,
-           SD card, cache 50 %: 0.73-0.9 for rank 0 of the next token's first layer, 0.23-0.45 over
-           every prediction). Shrunk towards p: (hits + K·p)/(n + K), K = PRIOR_WEIGHT. The send rule
-           shrinks it towards the prompts' rows' share instead, at PROMPT_WEIGHT, where that is lower
-           (send_precision).
-q(l, r)    the share of recent predictions scored (as for pm) whose rank-r candidate was missing (about the last
-           MISSING_MEMORY, each older one weighing 1 − 1/MISSING_MEMORY less), from PRIOR_WEIGHT
-           predictions that fade the same way, each read at the layer's decode miss rate as it stands
-           (Engine.miss_rate): what is missing follows the cache, which turns over in a request's first
-           tokens (the predictor's precision does not, and p and pm keep every observation). A prior
-           frozen at the rate of its first prediction held a new engine's q at its first token's rate, 1:
-           tiny-qwen3-vl-moe at a 50 % cache, none of its later candidates missing, read 0.1-0.2 at token
-           ten and kept predicting online for nothing.
-cost(r)    a wrong prefetch still moving when its router decides is cancelled, and the demand loads
-           wait for what is left of its chunk (a demand load preempts a moving prefetch at the next
-           chunk boundary): half a chunk on average (a chunk's link time, the link's own figure where
-           it is emulated, or the whole copy where that is shorter); one still queued or already
-           landed delays nothing. A prefetch that takes a used expert's slot (no free slot or unconfirmed
-           guess to take) keeps that expert out, right or wrong (wrong: once its copy has started; a
-           cancelled one that never wrote its slot gives the slot back): v, the share of such victims a
-           demand load asks for before they would have been evicted anyway (ExpertCache.victim_regret,
-           measured), times what a hit saves (s, below), is lost with it; a right guess whose victim
-           is asked for only moved a miss (tiny-qwen3-vl-moe at 25 %, one token's experts in the cache:
-           2-5 of 7-15 victims a request; tiny-qwen3-moe at 25 %: 1-2 of 53-84). Every prefetch sent,
-           right or wrong, costs the compute thread what issuing, settling and cancelling one costs
-           (c, measured by the engine: `prefetch_cost_s`), and a right one spares the demand load it
-           replaces (d, `demand_cost_s`, measured on the engine's misses; c where not measured):
-           (1 − pm)·(chunk/2 + v·s) + pm·v·s + c − pm·d seconds (ufs4, tiny-qwen3-moe: c 31-60 us, d
-           10-15 us).
-rule       send a missing r when pm·(saved(r) − v·s) > (1 − pm)·(chunk/2 + v·s) + c − pm·d seconds (v·s
-           only past the spare slots, and the wrong guess's only where saved(r) > 0, its copy starting
-           before the router decides); with `window=False`, send the top `budget` regardless.
-
-worth      whether a prediction is made now or after its request: evalsuite.engine.worth.
-layer_s    measured on decode only, without stalls: the time from one sparse layer's router to
-           the next, minus the stall the engine recorded in between; kept from one request to the
-           next (a new engine's first decode token has no measurement yet and sends the top `budget`).
-           wrap_s is measured the same way, from a token's last sparse layer to the next token's first.
+saved(r)   the part of candidate r's copy done before its layer starts: with q copies queued ahead of it,
+           t seconds per transfer and `lead` seconds of compute until its layer, min(t, max(0, lead − q·t)).
+           A late copy still saves that part (the router's pick promotes it). Where a demand miss stalls
+           less than a copy (`stall_per_miss`, fitted over recent put-off decode steps), that stands in for t.
+lead       layer_s·h; for the next token's first sparse layer, the measured wrap time (wrap_s) instead of
+           one layer_s.
+p(l, r)    online precision of rank r at sparse layer l: the share of past decode predictions whose rank-r
+           candidate the router picked, (hits + 1)/(n + 2).
+pm(l, r)   the same over rank-r candidates that were missing from the cache when predicted (put-off
+           predictions included): only missing ones are sent, and they are the ones predictors get wrong
+           most. Shrunk towards p with weight PRIOR_WEIGHT, and towards the prompt rows' share with weight
+           PROMPT_WEIGHT where that is lower (send_precision).
+q(l, r)    the fading share of recent predictions whose rank-r candidate was missing (MISSING_MEMORY), from
+           a prior read at the layer's decode miss rate (Engine.miss_rate).
+cost(r)    a wrong prefetch still moving when the router decides delays the demand loads by half a chunk on
+           average; a prefetch that evicts a used expert loses v·s (v: the share of such victims asked for
+           again, ExpertCache.victim_regret; s: what a hit saves); every prefetch costs the compute thread
+           c (`prefetch_cost_s`), and a right one spares the demand load it replaces, d (`demand_cost_s`):
+           (1 − pm)·(chunk/2 + v·s) + pm·v·s + c − pm·d.
+rule       send a missing r when pm·(saved(r) − v·s) > (1 − pm)·(chunk/2 + v·s) + c − pm·d (v·s only past
+           the spare slots); with `window=False`, send the top `budget` regardless.
+worth      whether a prediction is made now or after its request: evalsuite.engine.prediction.worth.
+layer_s    measured on decode only, without stalls: router to router, minus the stall recorded between;
+           kept across requests (a new engine's first decode token sends the top `budget`).
 """
 from __future__ import annotations
 
@@ -73,8 +35,8 @@ import time
 
 import torch
 
-from .prompt_precision import PromptOutcomes, PromptRows
-from .worth import WorthTest
+from evalsuite.engine.prediction.prompt_precision import PromptOutcomes, PromptRows
+from evalsuite.engine.prediction.worth import WorthTest
 
 PRIOR_WEIGHT = 2.0  # observations the missing candidates' precision starts from (at the rank's precision)
 PROMPT_WEIGHT = 4.0  # decode predictions a layer's prompt rows count as, all together (send_precision)
@@ -279,7 +241,7 @@ class PrefetchScheduler(WorthTest):
     def observe(self, layer: int, candidates: list[int], chosen: set, resident: int | None = None) -> None:
         """The router of `layer` chose `chosen`: score each rank of the prediction made for it. Its candidates that
         were missing count towards pm and q: a scheduled prediction's, found when scheduled; one put off (made after
-        its request, prediction.Later), those not in `resident`, the layer's experts the cache held when it was put
+        its request, prediction.PutOffPrediction), those not in `resident`, the layer's experts the cache held when it was put
         off (bits: ExpertCache.resident_bits)."""
         picked = self.picked.setdefault(layer, [0] * self.budget)
         for rank, e in enumerate(candidates[: self.budget]):
@@ -314,7 +276,7 @@ class PrefetchScheduler(WorthTest):
         self._off_left.pop(layer, None)
 
     def learn_prompt(self, layer: int, rows: PromptRows) -> None:
-        """A prompt's rows scored for `layer` (evalsuite.engine.prompt_precision), read for the rows the layer's
+        """A prompt's rows scored for `layer` (evalsuite.engine.prediction.prompt_precision), read for the rows the layer's
         share of the cache holds (its pool's slots over the layers sharing it, over top-k): summed with earlier
         prompts', they may lower the precision the send rule weighs (send_precision)."""
         pool = self.engine.cache.pools[layer]

@@ -11,9 +11,9 @@ sleeps through its chunks back to back, woken early only when the transfer is to
 a wake-up per chunk would take the GIL from the compute thread that often (it made a tiny model's
 decoding 11-16 % slower while an SD-card link was busy), which a real link's copy engine never does.
 An emulated link with small experts on the CPU is served with no thread at all
-(evalsuite.engine.lazy_link).
+(evalsuite.engine.link.lazy).
 
-A transfer is *issued* once every chunk is handed to the copy backend (evalsuite.engine.copies)
+A transfer is *issued* once every chunk is handed to the copy backend (evalsuite.engine.link.copy_backends)
 and *landed* once every chunk is in the slot: `done` is set only then (or when it failed or was
 cancelled and none of its chunks is still moving). A slot is usable only through `Transfer.wait`,
 which on CUDA makes the compute stream wait on the copy's event (no host synchronisation), or
@@ -28,9 +28,10 @@ from collections import deque
 
 import torch
 
-from .copies import CudaCopies, HostCopies
-from .links import Link, default_chunk_bytes
-from .store import HostStore
+from evalsuite.engine.link.copy_backends import CudaCopies, HostCopies
+from evalsuite.engine.link import Link, LinkTransfer
+from evalsuite.engine.link.profiles import LinkProfile, default_chunk_bytes
+from evalsuite.engine.placement.store import HostStore
 
 
 class TransferError(RuntimeError):
@@ -41,7 +42,7 @@ class TransferCancelled(TransferError):
     """The transfer was cancelled: its slot holds nothing usable."""
 
 
-class Transfer:
+class Transfer(LinkTransfer):
     """One copy of one expert into one slot; `wait()` makes the slot usable by the caller."""
 
     def __init__(self, key, dst: torch.Tensor, prefetch: bool, worker: "TransferWorker"):
@@ -103,7 +104,7 @@ class Transfer:
                              "(raise transfer_timeout_s if the link is this slow)")
 
 
-class TransferWorker:
+class TransferWorker(Link):
     """Serves copy requests chunk by chunk on a background thread: demand first, then prefetch.
 
     submit(key, dst, prefetch)  queue a copy; returns its Transfer
@@ -114,7 +115,7 @@ class TransferWorker:
     promote(transfer)           give a queued or moving prefetch demand priority; True if it did
     """
 
-    def __init__(self, store, device: torch.device, link: Link | None = None, timeout_s: float = 60.0,
+    def __init__(self, store, device: torch.device, link: LinkProfile | None = None, timeout_s: float = 60.0,
                  chunk_bytes: int | None = None, copies=None):
         if chunk_bytes is not None and chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be a positive number of bytes")

@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 
 import torch
 
-from .eviction import ORDERS, POLICIES  # noqa: F401  (POLICIES: the option parsers read it here)
+from evalsuite.engine.cache.eviction import ORDERS, POLICIES  # noqa: F401  (POLICIES: the option parsers read it here)
 
 _BYTES = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

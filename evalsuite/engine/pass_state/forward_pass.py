@@ -1,4 +1,4 @@
-"""`Forward`: what is known of the model's forward pass running now, the one per-pass state the
+"""`ForwardPass`: what is known of the model's forward pass running now, the one per-pass state the
 engine's hooks read.
 
 The engine makes a new one each time the model is called (`Engine._before_forward`) and holds it
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .token_kinds import TokenKinds
+from evalsuite.engine.pass_state.token_kinds import TokenKinds
 
 
 @dataclass(frozen=True)
-class Forward:
+class ForwardPass:
     decoding: bool  # a decode step (the attention's key/value cache already holds tokens), not a prefill
     rows: int  # batch rows
     attention_mask: torch.Tensor | None = None  # [rows, tokens so far], as the model was given it
@@ -29,7 +29,7 @@ class Forward:
     layer_hits: dict[int, bool] = field(default_factory=dict)
 
     @classmethod
-    def of_call(cls, args, kwargs, decoding: bool, image_ids: torch.Tensor | None) -> Forward:
+    def of_call(cls, args, kwargs, decoding: bool, image_ids: torch.Tensor | None) -> ForwardPass:
         """The pass the model was called with (`args`, `kwargs`: its forward's arguments);
         `image_ids`: the model's image token ids (None: a text model)."""
         input_ids = kwargs.get("input_ids", args[0] if args else None)

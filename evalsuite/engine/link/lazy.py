@@ -1,5 +1,5 @@
 """An emulated link with no thread of its own: the link's schedule in wall-clock time, worked out
-on the compute thread whenever it asks (evalsuite.engine.serial_link), for host slots.
+on the compute thread whenever it asks (evalsuite.engine.link.serial), for host slots.
 
 It answers the engine as the transfer worker does (submit, cancel, promote, `done`, `wait`) and
 serves the same schedule: chunks of about 1 ms of link time, demand loads first, a demand load
@@ -30,9 +30,10 @@ import time
 
 import torch
 
-from .serial_link import Copy, SerialLink
-from .links import Link, default_chunk_bytes
-from .transfer import TransferCancelled, TransferError
+from evalsuite.engine.link.serial import Copy, SerialLink
+from evalsuite.engine.link import Link, LinkTransfer
+from evalsuite.engine.link.profiles import LinkProfile, default_chunk_bytes
+from evalsuite.engine.link.worker import TransferCancelled, TransferError
 
 INLINE_MAX_BYTES = 2**20  # an expert this small copies in less time than a thread hand-off
 SPIN_S = 0.02  # a wait is spun, not slept, for its last 20 ms (a tiny expert's SD-card copy is 3.2 ms)
@@ -53,8 +54,8 @@ class _Landed:
         return t.written or t.error is not None
 
 
-class LazyTransfer:
-    """One copy of one expert into one slot, as evalsuite.engine.transfer.Transfer."""
+class LazyTransfer(LinkTransfer):
+    """One copy of one expert into one slot, as evalsuite.engine.link.worker.Transfer."""
 
     def __init__(self, key, dst: torch.Tensor, copy: Copy, link: "LazyLink"):
         self.key, self.dst, self.copy, self.link = key, dst, copy, link
@@ -94,7 +95,7 @@ class LazyTransfer:
     wait_landed = wait  # the slot is written only when the copy lands: no other write can follow
 
 
-class LazyLink:
+class LazyLink(Link):
     """An emulated `link` serving copies from `store` into host slots, on the caller's thread.
 
     submit(key, dst, prefetch)  queue a copy; returns its LazyTransfer
@@ -103,7 +104,7 @@ class LazyLink:
     promote(transfer)           give a queued or moving prefetch demand priority; True if it did
     """
 
-    def __init__(self, store, link: Link, timeout_s: float = 60.0, chunk_bytes: int | None = None):
+    def __init__(self, store, link: LinkProfile, timeout_s: float = 60.0, chunk_bytes: int | None = None):
         if chunk_bytes is not None and chunk_bytes < 1:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be a positive number of bytes")
         self.store, self.link, self.timeout_s = store, link, timeout_s

@@ -23,55 +23,21 @@ in recall@k. Definitions: evalsuite.engine.metrics.
 """
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from .layer_state import LayerState
-from .modes import MODES
-from .prompt_precision import forward_rows
-from .put_off import Later, QuietToken
-from .request_recall import score_request
-from .scheduler import ranked
-from .taps import tap_input
-
-
-@dataclass(frozen=True)
-class PredictorKind:
-    """How the engine builds a predictor it knows by name (registered by evalsuite.predict)."""
-
-    build: Callable  # (name, layers, family, artifact, horizon, drift_layers, drift_threshold, device) -> predictor
-    load: Callable  # (path, model, layers) -> the artifact `build` takes
-    needs_artifact: bool = False  # it cannot run without a calibration artifact
-
-
-# A model's own calibration artifact, shipped in its checkpoint directory (`evalsuite calibrate --out DIR`
-# writes this name): what a predictor that needs one reads when no other is given.
-ARTIFACT_FILE = "predictor.safetensors"
-
-
-def artifact_beside(model_dir) -> str | None:
-    """The calibration artifact shipped with the checkpoint in `model_dir`, or None."""
-    path = os.path.join(str(model_dir), ARTIFACT_FILE) if model_dir else None
-    return path if path and os.path.isfile(path) else None
+from evalsuite.engine.pass_state.layer_state import LayerState
+from evalsuite.engine.prediction.registry import experts_in
+from evalsuite.engine.modes import MODES
+from evalsuite.engine.prediction.prompt_precision import forward_rows
+from evalsuite.engine.prediction.put_off import PutOffPrediction, PutOffToken
+from evalsuite.engine.prediction.request_recall import score_request
+from evalsuite.engine.prediction.scheduler import ranked
+from evalsuite.engine.pass_state.input_taps import tap_input
 
 
 PUT_OFF_TIMED_EVERY = 4  # what putting a prediction off costs is timed for the first and one in this many
-
-# name -> PredictorKind: predictors register here, so the engine never imports them
-PREDICTORS: dict[str, PredictorKind] = {}
-
-
-def register_predictor(name: str, build: Callable, load: Callable, needs_artifact: bool = False) -> None:
-    PREDICTORS[name] = PredictorKind(build, load, needs_artifact)
-
-
-def experts_in(ids: torch.Tensor) -> set[int]:
-    """The experts named anywhere in [T, K] `ids` (one tensor call: each costs the hot path a dispatch)."""
-    return {e for row in ids.tolist() for e in row}
 
 
 class PredictionDriver:
@@ -87,21 +53,21 @@ class PredictionDriver:
         self.deferred: tuple | None = None  # (target position, scores) waiting for release_prefetch
         self.current: dict = {}  # layer -> [(prediction, native ids, rows, token kinds)] per decode step of the request
         self.rows: torch.Tensor | None = None  # the request's rows still in the batch (keep_rows), None: all
-        self.put_off = 0  # predictions left for after their request (Later)
-        self.quiet: QuietToken | None = None  # the running decode token, where none of its predictions is asked for
-        self.quiet_tokens = 0  # decode tokens that were quiet (QuietToken)
+        self.put_off = 0  # predictions left for after their request (PutOffPrediction)
+        self.quiet: PutOffToken | None = None  # the running decode token, where none of its predictions is asked for
+        self.quiet_tokens = 0  # decode tokens that were quiet (PutOffToken)
         # what of the test for putting a prediction off (_predict) holds for the engine's life (its cache may be
         # rebuilt, on the same policy)
         self.may_wait = (scheduler is not None and predictor.stateless and engine.cache is not None
                          and engine.cache.policy != "predicted")
         # a prefill's rows are predictions scored: the scheduler learns from them and the trace keeps them
-        # (evalsuite.engine.prompt_precision), where the predictor's scores are its inputs' alone
+        # (evalsuite.engine.prediction.prompt_precision), where the predictor's scores are its inputs' alone
         self.prompt_rows = False  # whether the running prefill's rows are scored
         self.prompt_first = None  # the running prefill's first sparse layer's routing (_score_prompt_first)
         self.speculating = MODES[mode].speculates
-        self.may_quiet = self.may_wait and not self.speculating  # (see _start_quiet)
+        self.may_put_off_tokens = self.may_wait and not self.speculating  # (see _start_quiet)
         if scheduler is not None:
-            scheduler.quiet_possible = self.may_quiet  # (what an online prediction rules out: online_cost_s)
+            scheduler.quiet_possible = self.may_put_off_tokens  # (what an online prediction rules out: online_cost_s)
         # a predictor that knows its ranking without a tensor call may give it (predictor.ranked(scores, budget))
         self.rank = getattr(predictor, "ranked", ranked)
         self.layer_of = [layer.index for layer in engine.layers]  # position -> decoder layer index
@@ -122,7 +88,7 @@ class PredictionDriver:
                          for target in self.target_of]
         # what a quiet token keeps of each sparse layer besides its ids (recall's native routing): (x, residual,
         # weights), each where the prediction made from it reads it (a tensor kept to its request's end is one more
-        # object for the garbage collector to walk until then: docs/performance-runs.md, the 78th measurement)
+        # object for the garbage collector to walk until then)
         self.quiet_keeps = [tuple(field in (reads or ()) for field in ("x", "residual", "weights"))
                             for reads in self.reads_of]
         # A mode that executes its predictions must change the router's output, so it hooks the router. For the
@@ -164,7 +130,7 @@ class PredictionDriver:
         the very tensor its router read), `ids` and `weights` the router's choice."""
         quiet = self.quiet
         if quiet is not None:
-            if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (QuietToken)
+            if pos:  # a quiet token's layer keeps what its prediction will read, and nothing more (PutOffToken)
                 quiet.keep(x, self.residual.get(pos), ids, weights,
                            self.engine.cache.resident_bits.get(self.target_layer_of[pos]))
                 return None
@@ -180,7 +146,7 @@ class PredictionDriver:
         begun = time.perf_counter()
         decoding, scheduler = forward.decoding, self.scheduler
         if pos == 0:  # the last token's prediction for this layer stands; a prefill starts clean
-            if decoding and self.may_quiet and self._start_quiet(x, ids, weights):
+            if decoding and self.may_put_off_tokens and self._start_quiet(x, ids, weights):
                 return None
             self.predictor.on_token(decoding)
             first = self.pending.get(0) if decoding else None
@@ -191,7 +157,7 @@ class PredictionDriver:
             self.prompt_rows = (not decoding and self.predictor.stateless
                                 and ((scheduler is not None and engine.cache is not None) or engine.tracer is not None))
             self.prompt_first = ids if self.prompt_rows else None
-        predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a Later, made one layer earlier
+        predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a PutOffPrediction, made one layer earlier
         layer = self.layer_of[pos]
         chosen = None
         if scheduler is not None:
@@ -215,7 +181,7 @@ class PredictionDriver:
                 weights = engine.family.route_weights(router, logits, ids)
                 replaced = (logits, weights, ids)
                 chosen = None
-        if scheduler is not None and layer in engine.unsettled:
+        if scheduler is not None and layer in engine.prefetches_to_settle:
             # the router decided: wrong guesses leave the link, right ones go first. What that costs is the
             # prefetches' (Engine.prefetch_cost_s), not the prediction's made here: it is left out of its timing
             settling = time.perf_counter()
@@ -236,11 +202,11 @@ class PredictionDriver:
         # Whether the prediction serves only prefetching and the record (recall, the scheduler's precision, the
         # trace), so it may be scored after the request: a decode step of a stateless predictor, a layer that will
         # not execute it, and a cache that does not read it (may_wait). It is put off when the scheduler finds that
-        # no prefetch for it could pay for making it now, on this link (Later).
+        # no prefetch for it could pay for making it now, on this link (PutOffPrediction).
         if (self.may_wait and decoding
                 and not (self.speculating and self.speculates(target))
                 and not scheduler.worth_predicting(target, self.horizon if target else 1)):
-            later = Later(score, self.reads_of[pos], engine.budget, pos, x, residual, ids, weights,
+            later = PutOffPrediction(score, self.reads_of[pos], engine.budget, pos, x, residual, ids, weights,
                           resident=engine.cache.resident_bits[self.target_layer_of[pos]])
             self.pending[target] = later
             self.put_off += 1
@@ -254,7 +220,7 @@ class PredictionDriver:
 
     def _learn_prompt(self, layer: int, scores: torch.Tensor, ids: torch.Tensor, shifted: bool = False) -> None:
         """The prefill's per-row prediction `scores` for `layer`, routed `ids` (`shifted`: each row's are for the next
-        row's): the scheduler learns from them, and the trace keeps them (evalsuite.engine.prompt_precision)."""
+        row's): the scheduler learns from them, and the trace keeps them (evalsuite.engine.prediction.prompt_precision)."""
         rows = forward_rows(self.engine.forward, scores, ids, self.engine.budget, shifted)
         if rows is None:
             return
@@ -274,21 +240,21 @@ class PredictionDriver:
 
     def _start_quiet(self, x, ids, weights) -> bool:
         """At a decode token's first sparse layer (router input `x`, its choice `ids`, `weights`): make the token
-        a quiet one (QuietToken) where the scheduler's verdicts to put off stand for every layer (put_off_all) and
+        a quiet one (PutOffToken) where the scheduler's verdicts to put off stand for every layer (put_off_all) and
         nothing of the last token's prediction is in flight or still to score here (made online). Its layers then
         only keep their inputs; its recall, precision and trace are made from them when the request ends."""
         engine, first = self.engine, self.pending.get(0)
-        if (type(first) is tuple or self.rows is not None or engine.unsettled
+        if (type(first) is tuple or self.rows is not None or engine.prefetches_to_settle
                 or not self.scheduler.put_off_all()):
             return False
         self.predictor.on_token(True)
         self.pending, self.deferred = {}, None
-        quiet = self.quiet = QuietToken(self, first, engine.forward.kinds)
+        quiet = self.quiet = PutOffToken(self, first, engine.forward.kinds)
         self.quiet_tokens += 1
         self.put_off += self.predicted_per_token
         quiet.keep(x, self.residual.get(0), ids, weights, engine.cache.resident_bits.get(self.target_layer_of[0]))
         # its steps of the record, in order with the others' (end_request), and of the trace (ranked when read:
-        # QuietToken.ranked_for, the token itself standing for each of its predictions)
+        # PutOffToken.ranked_for, the token itself standing for each of its predictions)
         for pos, layer in enumerate(self.layer_of):
             if (first if pos == 0 else self.source_of[pos]) is not None:
                 self.current.setdefault(layer, []).append(quiet)
@@ -363,7 +329,7 @@ class PredictionDriver:
     def keep_rows(self, index: torch.Tensor) -> None:
         """Between decode steps, the batch keeps only its rows `index` (positions in it): the predictions
         carried to the next step follow them, and recall stays with the request's own rows."""
-        if (any(isinstance(p, Later) for p in self.pending.values()) or self.deferred is not None
+        if (any(isinstance(p, PutOffPrediction) for p in self.pending.values()) or self.deferred is not None
                 or self.quiet is not None):
             raise RuntimeError("keep_rows: a prediction put off or a prefetch not yet sent spans the step")
         kept = {target: scores[index.to(scores.device)] for target, (scores, _) in self.pending.items()}

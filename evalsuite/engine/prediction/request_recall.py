@@ -4,7 +4,7 @@ scoring every step on the decode path would cost each step tensor calls the engi
 A request's rows are its samples: each row's recall@k and exact@K per target layer are averaged over its own
 decode steps, by token kind too; the prediction for the next token's first sparse layer is scored apart, as
 recall_next_token@K (definitions: evalsuite.engine.metrics). Predictions put off to the request's end
-(put_off.Later, put_off.QuietToken) are made here.
+(put_off.PutOffPrediction, put_off.PutOffToken) are made here.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .metrics import EXACT, NEXT_TOKEN, RECALL, exact_of_recall, token_recall
-from .put_off import Later, QuietToken
+from evalsuite.engine.metrics import EXACT, NEXT_TOKEN, RECALL, exact_of_recall, token_recall
+from evalsuite.engine.prediction.put_off import PutOffPrediction, PutOffToken
 
 
 def scored_as(recall_ks, top_k: int, cross_token: bool) -> list[tuple[str, int]]:
@@ -56,28 +56,28 @@ def step_rows(made: list) -> torch.Tensor:
 def score_request(record, steps: dict, pos_of: dict, recall_ks, top_k: int, next_token_layer: int | None = None,
                   learn: Callable | None = None) -> None:
     """Add the request's scores to `record` (the engine's metrics.EngineRecord): `steps` holds per decoder layer its
-    decode steps in order, each (prediction, native ids, rows, token kinds) or the QuietToken it was part of;
+    decode steps in order, each (prediction, native ids, rows, token kinds) or the PutOffToken it was part of;
     `pos_of` maps a decoder layer to its sparse position; `next_token_layer`: the decoder layer whose predictions
     are made at the previous token's last sparse layer (scored as recall_next_token@K, `top_k` = K), the others
     being within-token targets. `learn(layer, scores, native ids, resident)` is told of each prediction made here
     (the scheduler's precision; `resident`: the layer's experts the cache held when it was put off,
-    Later.resident)."""
+    PutOffPrediction.resident)."""
     total = record.requests[-1].rows if record.requests else None
     per_row: dict = {}  # metric -> k -> layer -> per row
     by_kind: dict = {}  # kind -> metric -> k -> layer -> per row
     for layer, layer_steps in steps.items():
         made, kinds_of, pos = [], [], pos_of[layer]  # (scores, native ids, rows), and token kinds, per step
         for step in layer_steps:
-            if type(step) is QuietToken:  # (its layers after a forward pass cut short have nothing)
+            if type(step) is PutOffToken:  # (its layers after a forward pass cut short have nothing)
                 if not step.ran(pos):
                     continue
                 predicted, native, rows, kinds = step.prediction_for(pos), step.ids(pos), None, step.kinds
             else:
                 predicted, native, rows, kinds = step
-            scores = predicted.scores() if isinstance(predicted, Later) else predicted[0]
+            scores = predicted.scores() if isinstance(predicted, PutOffPrediction) else predicted[0]
             if scores is None:
                 continue  # the predictor had nothing for this step
-            if isinstance(predicted, Later) and learn is not None:
+            if isinstance(predicted, PutOffPrediction) and learn is not None:
                 learn(layer, scores, native, predicted.resident)
             made.append((scores, native, rows))
             kinds_of.append(kinds)

@@ -13,8 +13,8 @@ import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from . import arch
-from .store import EXPERT_PARAMS, Checkpoint
+from evalsuite.engine import arch
+from evalsuite.engine.placement.store import EXPERT_PARAMS, Checkpoint
 
 
 def load_skeleton(path: str, dtype: torch.dtype = torch.bfloat16, device="cpu", auto_class=AutoModelForCausalLM):
@@ -56,7 +56,7 @@ def load_offloaded(path: str, mode: str = "on-demand", device="cpu", dtype: torc
                    store: str = "disk", **options):
     """(model, engine): the checkpoint at `path` offloaded without ever loading its experts whole.
     `options` are `offload()`'s; the checkpoint is the store's source."""
-    from .offload import offload
+    from evalsuite.engine.offload import offload
 
     model = load_skeleton(path, dtype, device)
     engine = offload(model, mode=mode, device=device, store=store, checkpoint=path, **options)

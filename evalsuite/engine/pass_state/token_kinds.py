@@ -2,14 +2,14 @@
 
 Vision-language MoEs route image tokens through the same experts as text, but differently;
 the engine reports hit rate and recall for each kind (definitions in evalsuite/engine/metrics.py: recall by kind
-is over decode tokens, scored when a request ends from each step's `masks`, evalsuite.engine.request_recall).
+is over decode tokens, scored when a request ends from each step's `masks`, evalsuite.engine.prediction.request_recall).
 Padding positions (attention mask 0) belong to neither kind.
 """
 from __future__ import annotations
 
 import torch
 
-from .metrics import KindCounts
+from evalsuite.engine.metrics import KindCounts
 
 IMAGE_TOKEN_FIELDS = ("image_token_id", "video_token_id", "image_token_index")
 

@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from .layer_state import LayerState
+from evalsuite.engine.pass_state.layer_state import LayerState
 
 
 class RowGroups:

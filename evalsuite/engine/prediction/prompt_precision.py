@@ -110,7 +110,7 @@ def prompt_rows(scores: torch.Tensor, ids: torch.Tensor, budget: int, sequences:
 
 def forward_rows(forward, scores: torch.Tensor, ids: torch.Tensor, budget: int,
                  shifted: bool = False) -> PromptRows | None:
-    """prompt_rows of a prefill (`forward`: its evalsuite.engine.forward.Forward): one sequence a batch row, their
+    """prompt_rows of a prefill (`forward`: its evalsuite.engine.pass_state.forward_pass.ForwardPass): one sequence a batch row, their
     padding left out."""
     mask, real = forward.attention_mask, None
     if mask is not None and not bool(mask.all()):

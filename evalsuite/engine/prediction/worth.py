@@ -1,6 +1,6 @@
 """Whether a decode step's prediction is worth making now (online: its prefetches are sent) or after its
-request (prediction.Later, put_off.QuietToken: for recall, precision and the trace only). The worth test
-of PrefetchScheduler (evalsuite.engine.scheduler), which mixes it in; it reads the scheduler's measures
+request (prediction.PutOffPrediction, put_off.PutOffToken: for recall, precision and the trace only). The worth test
+of PrefetchScheduler (evalsuite.engine.prediction.scheduler), which mixes it in; it reads the scheduler's measures
 (layer_s, predict_s, put_off_s, stall_off, the per-rank precisions) and the engine's (miss rate, link),
 named as in that module's docstring (t, lead, pm, q, cost(r), the send rule).
 
@@ -11,7 +11,7 @@ worth      a prediction is made during decoding only if its candidates' expected
            the layer's own prefetches left out; and where every other layer's verdict is to put off, the
            quiet token it rules out: the other layers' put-offs one by one, less the one a quiet token costs);
            otherwise (a fast link, a cache that already holds the layer) the driver makes it after the
-           request, for recall and precision only (prediction.Later); one in EXPLORE_EVERY is made
+           request, for recall and precision only (prediction.PutOffPrediction); one in EXPLORE_EVERY is made
            online anyway, so what online predictions measure as the request runs (predict_s; pm and q,
            which a prediction put off adds to only when its request ends) stays current, or
            one in EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on
@@ -39,7 +39,7 @@ worth      a prediction is made during decoding only if its candidates' expected
            one in EXPLORE_EVERY² where no precision could make it pay even at twice the saving. Every
            ask counts, answered or not, and each layer is asked once a decode token, so verdicts to put
            off end together; while all stand, a token asks nothing (`put_off_all`: the driver's quiet
-           token, put_off.QuietToken, which keeps its layers' inputs and no more).
+           token, put_off.PutOffToken, which keeps its layers' inputs and no more).
 """
 from __future__ import annotations
 

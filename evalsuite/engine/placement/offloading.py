@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import torch
 
-from . import placement
-from .cache import ExpertCache, capacity_in_experts, check_fits
-from .lazy_link import INLINE_MAX_BYTES, LazyLink
-from .store import Checkpoint, HostStore, SafetensorsStore
-from .transfer import TransferWorker
+from evalsuite.engine import placement
+from evalsuite.engine.cache.slots import ExpertCache, capacity_in_experts, check_fits
+from evalsuite.engine.link.lazy import INLINE_MAX_BYTES, LazyLink
+from evalsuite.engine.placement.store import Checkpoint, HostStore, SafetensorsStore
+from evalsuite.engine.link.worker import TransferWorker
 
 
-def build_tiers(engine, cache_capacity, cache_policy: str, per_layer: bool, store: str, checkpoint):
-    """The store, the expert cache and the link of `engine`'s model (its layers, layout, device, link), with its
-    experts moved out of the model; returns (store, cache, link). Raises ValueError where the cache cannot hold
-    one token's experts or does not fit the device."""
+def move_experts_out(engine, config):
+    """The store, the expert cache and the link of `engine`'s model (its layers, layout, device, link), as
+    `config` (an EngineConfig) asks, with its experts moved out of the model; returns (store, cache, link).
+    Raises ValueError where the cache cannot hold one token's experts or does not fit the device."""
     model, layers, layout, device = engine.model, engine.layers, engine.layout, engine.device
+    cache_capacity, store, checkpoint = config.cache_capacity, config.store, config.checkpoint
+    per_layer = config.cache_pools == "per-layer"
     total = sum(layer.num_experts for layer in layers)
     capacity = capacity_in_experts(cache_capacity, total, layout.nbytes)
     pool_size = capacity // len(layers) if per_layer else capacity
@@ -42,7 +44,7 @@ def build_tiers(engine, cache_capacity, cache_policy: str, per_layer: bool, stor
             setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
     placement.move_non_experts(model, layers, layout, device)
     cache = ExpertCache([layer.index for layer in layers], capacity, layout.numel, layout.dtype, device,
-                        cache_policy, per_layer)
+                        config.cache_policy, per_layer)
     if engine.link is not None and device.type == "cpu" and layout.nbytes <= INLINE_MAX_BYTES:
         link = LazyLink(expert_store, engine.link, engine.timeout_s)  # no thread to hand the GIL to
     else:
@@ -50,7 +52,7 @@ def build_tiers(engine, cache_capacity, cache_policy: str, per_layer: bool, stor
     return expert_store, cache, link
 
 
-def restore_experts(layers, layout, store, device: torch.device) -> None:
+def put_experts_back(layers, layout, store, device: torch.device) -> None:
     """Put every expert back into the model's fused parameters, read from `store` (Engine.close)."""
     for layer in layers:
         for name, _, _ in layout.fields:
