@@ -31,14 +31,15 @@ METRICS = ("prefetch_precision", "hit_rate")
 
 def run(args, plan: str, batch_size: int, artifact: str, workdir: str, index: int) -> dict:
     """{predictor: {metric: value}} of one evaluation, as stored (whole-run engine metrics)."""
-    from evalsuite.lm.suite import run_suite
+    from evalsuite.engine.config import EngineConfig
+    from evalsuite.lm.suite import RunOptions, run_suite
     from evalsuite.results import ResultsDB
 
     url = f"sqlite:///{workdir}/{plan}-{index}.db"
     run_suite([args.model], ["router-preserving"], [args.task], args.limit, predictor=args.predictors,
-              predictor_path=artifact, cache_capacity=args.capacity, link=args.link, db_url=url,
-              out_dir=os.path.join(workdir, plan), batch_size=batch_size, plan=plan, fresh=True,
-              progress=lambda *_: None)
+              engine=EngineConfig(predictor_path=artifact, cache_capacity=args.capacity, link=args.link),
+              run=RunOptions(batch_size=batch_size), db_url=url, out_dir=os.path.join(workdir, plan), plan=plan,
+              fresh=True, progress=lambda *_: None)
     db = ResultsDB(url)
     runs, metrics = db.runs(), db.engine_metrics()
     whole = metrics[metrics["layer"].isna()].set_index("run_id")

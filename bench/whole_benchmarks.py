@@ -48,12 +48,13 @@ def plain(model: str, tasks: list[str], limit: int, batch_size: int) -> float:
 
 def suite(model, tasks, limit, batch_size, plan, artifact, workdir, round_: int) -> tuple[float, list[dict]]:
     """The grid as one `evalsuite eval` request: each predicting mode with its own predictors (--predictor groups)."""
-    from evalsuite.lm.suite import run_suite
+    from evalsuite.lm.suite import EVAL_ENGINE, RunOptions, run_suite
 
     started = time.perf_counter()
-    rows = run_suite([model], GRID_MODES, tasks, limit, predictor=GRID_PREDICTORS, predictor_path=artifact,
-                     link="ufs4", db_url=f"sqlite:///{workdir}/{plan}-{round_}.db", out_dir=os.path.join(workdir, plan),
-                     batch_size=batch_size, plan=plan, fresh=True, progress=lambda *_: None)
+    rows = run_suite([model], GRID_MODES, tasks, limit, predictor=GRID_PREDICTORS,
+                     engine=EVAL_ENGINE.replace(predictor_path=artifact, link="ufs4"), run=RunOptions(batch_size=batch_size),
+                     db_url=f"sqlite:///{workdir}/{plan}-{round_}.db", out_dir=os.path.join(workdir, plan), plan=plan,
+                     fresh=True, progress=lambda *_: None)
     return time.perf_counter() - started, rows
 
 

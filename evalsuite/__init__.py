@@ -7,8 +7,8 @@
 
 Nothing else is imported: lm-eval and its `specmoe` model come with `import evalsuite.lm`.
 """
-from .engine import MODES, Engine, offload
+from .engine import MODES, Engine, EngineConfig, offload
 from . import predict  # noqa: F401  (registers the predictors with the engine)
 
 __version__ = "0.1.0"
-__all__ = ["MODES", "Engine", "offload", "__version__"]
+__all__ = ["MODES", "Engine", "EngineConfig", "offload", "__version__"]

@@ -165,7 +165,7 @@ def _print_calibration(meta: dict, batches: int, path: str) -> None:
         print(f"  final KL {name}: {loss:.4f}")
 
 
-# lm-eval's and the adapter's settings that `evalsuite eval` passes on (evalsuite.lm.preflight.check_run_options)
+# lm-eval's and the adapter's settings that `evalsuite eval` passes on (evalsuite.lm.run_options.RunOptions)
 RUN_FLAGS = ("device", "dtype", "batch_size", "num_fewshot", "gen_kwargs", "apply_chat_template", "seed")
 
 
@@ -191,8 +191,9 @@ def cmd_eval(args) -> int:
 def _eval(args) -> int:
     import os
 
+    from .engine.config import EngineConfig
     from .lm.preflight import check_eval, split_names
-    from .lm.suite import format_rows, run_suite
+    from .lm.suite import RunOptions, format_rows, run_suite
 
     models = split_names(args.model, "--model") if args.model is not None else default_models()
     _use_sandbox(args)
@@ -204,14 +205,14 @@ def _eval(args) -> int:
         tasks = {model: default_tasks(model) for model in models}
     modes = args.modes  # a list: checked by its type (evalsuite.argtypes)
     # the whole request is checked before run_suite loads the first model or stores anything
-    engine = dict(predictor=args.predictor, predictor_path=args.predictor_path, cache_capacity=args.cache_capacity,
-                  link=args.link, cache_policy=args.cache_policy, cache_pools=args.cache_pools, store=args.store,
-                  **{name: getattr(args, name) for name in RUN_FLAGS})
-    check_eval(models, modes, tasks, args.limit, **engine, db_url=args.db,
+    engine = EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+                             if f.metadata["flag"] and f.name != "predictor"})
+    run = RunOptions(**{name: getattr(args, name) for name in RUN_FLAGS})
+    check_eval(models, modes, tasks, args.limit, engine=engine, predictor=args.predictor, run=run, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
-    rows = run_suite(models, modes, tasks, args.limit, **engine, db_url=args.db, out_dir=args.out,
-                     confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh, threads=args.threads,
-                     plan=args.plan)
+    rows = run_suite(models, modes, tasks, args.limit, engine=engine, predictor=args.predictor, run=run,
+                     db_url=args.db, out_dir=args.out, confirm_run_unsafe_code=args.confirm_run_unsafe_code,
+                     fresh=args.fresh, threads=args.threads, plan=args.plan)
     print(format_rows(rows))
     if args.tasks is None and not os.environ.get("EVALSUITE_DATA_DIR"):
         print("the real benchmarks (GSM8k, StrategyQA; MATH-Vision for a vision-language model) were skipped: no data "
@@ -281,6 +282,7 @@ def cmd_train_tiny(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .argtypes import MODES, names_in
+    from .lm.run_options import EVAL_ENGINE
     from .predict.calibrate import HELDOUT, QUASI_SHARED_EXPERTS, TRAINED
 
     modes = names_in(MODES, "mode")
@@ -290,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="greedy generation under several modes, with engine metrics")
     g.add_argument("--model", default="tiny:qwen3_moe", help="model directory, or tiny:<model_type> (random weights)")
     g.add_argument("--modes", default="resident,on-demand", type=modes,
-                   help=f"comma-separated execution modes: {', '.join(MODES)} (resident always runs first: the "
-                        "reference for the others)")
+                   help=f"comma-separated execution modes: {', '.join(MODES)} (resident runs first, the "
+                        "reference for the others, wherever its experts fit in memory: EVALSUITE_AVAILABLE_MEMORY)")
     g.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     g.add_argument("--max-new-tokens", type=int, default=16)
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -352,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "pass (every router-preserving predictor as a shadow) and one speculative pass (a text "
                         "model's speculative predictors share it, a row group each), the engine metrics of each "
                         "configuration replayed (docs/whole-benchmarks.md)")
-    e.set_defaults(run=cmd_eval, cache_capacity=0.25)  # no predictor: each mode runs its own
+    # eval's engine (EVAL_ENGINE) under the flags; no predictor: each mode runs its own
+    e.set_defaults(run=cmd_eval, cache_capacity=EVAL_ENGINE.cache_capacity)
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
                                      "here or on Ray; skips cells already stored")

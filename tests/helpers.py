@@ -71,3 +71,19 @@ def use_link_kind(monkeypatch, kind: str) -> None:
         import importlib
 
         monkeypatch.setattr(importlib.import_module("evalsuite.engine.placement.offloading"), "INLINE_MAX_BYTES", LINK_KINDS[kind])
+
+
+def eval_request(**options) -> dict:
+    """run_suite / check_eval keywords from flat options, as the CLI builds them: engine options into an
+    EngineConfig (eval's defaults under them), run options into RunOptions, the rest as given."""
+    import dataclasses
+
+    from evalsuite.engine.config import EngineConfig
+    from evalsuite.lm.run_options import EVAL_ENGINE, RunOptions
+
+    engine = {f.name for f in dataclasses.fields(EngineConfig)} - {"predictor"}
+    run = {f.name for f in dataclasses.fields(RunOptions)}
+    out = {k: v for k, v in options.items() if k not in engine | run}
+    out["engine"] = EVAL_ENGINE.replace(**{k: v for k, v in options.items() if k in engine})
+    out["run"] = RunOptions(**{k: v for k, v in options.items() if k in run})
+    return out

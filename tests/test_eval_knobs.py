@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from evalsuite.lm.preflight import check_eval, task_manager
-from evalsuite.lm.suite import model_args
+from evalsuite.lm.suite import EVAL_ENGINE, model_args
 
 from .helpers import shipped_model
 
@@ -26,10 +26,10 @@ def request(modes, **options):
 
 
 def test_each_mode_gets_its_own_predictor_when_none_is_given():
-    assert "predictor=hybrid" in model_args("m", "hybrid", None, None, 0.25, None)
-    assert "predictor=quasi" in model_args("m", "speculative", None, None, 0.25, None)
-    assert "predictor=adapter" in model_args("m", "router-preserving", None, None, 0.25, None)
-    assert "predictor=" not in model_args("m", "on-demand", None, None, 0.25, None)
+    assert "predictor=hybrid" in model_args("m", "hybrid", None, EVAL_ENGINE)
+    assert "predictor=quasi" in model_args("m", "speculative", None, EVAL_ENGINE)
+    assert "predictor=adapter" in model_args("m", "router-preserving", None, EVAL_ENGINE)
+    assert "predictor=" not in model_args("m", "on-demand", None, EVAL_ENGINE)
 
 
 @pytest.mark.parametrize("modes, predictor, named", [(["hybrid"], "gate", "hybrid"),

@@ -12,7 +12,7 @@ from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
 from evalsuite.results.database import stored_config
 
-from .helpers import shipped_model
+from .helpers import eval_request, shipped_model
 
 TASK = "evalsuite_arith"
 
@@ -33,8 +33,8 @@ def test_one_resident_pass_serves_every_exact_run_and_one_pass_every_speculative
 def _suite(db, out, modes, plan_="replay", batch_size=4, model="tiny-qwen3-moe", limit=6, predictor=None,
            predictor_path=None):
     return run_suite([shipped_model(model)], modes, [TASK], limit, db_url=f"sqlite:///{db}", out_dir=str(out),
-                     link="ufs4", batch_size=batch_size, plan=plan_, progress=lambda *_: None, predictor=predictor,
-                     predictor_path=predictor_path)
+                     plan=plan_, progress=lambda *_: None, predictor=predictor,
+                     **eval_request(link="ufs4", batch_size=batch_size, predictor_path=predictor_path))
 
 
 def _runs(db):
@@ -89,7 +89,7 @@ def test_tasks_of_one_call_are_stored_as_if_each_ran_alone(tmp_path):
 
     def plan_(db_, tasks_):
         return run_suite([shipped_model()], ["resident", "speculative"], tasks_, 4, db_url=f"sqlite:///{db_}",
-                         out_dir=str(out), link="ufs4", batch_size=4, plan="replay", progress=lambda *_: None,
+                         out_dir=str(out), plan="replay", progress=lambda *_: None, **eval_request(link="ufs4", batch_size=4),
                          predictor="gate")
 
     together = plan_(db, tasks)
@@ -191,7 +191,8 @@ def test_a_vision_language_model_is_planned_too(tmp_path):
 
     def suite(plan_, batch_size):
         return run_suite([shipped_model("tiny-qwen3-vl-moe")], ["on-demand", "speculative"], ["evalsuite_vision"], 6,
-                         db_url=f"sqlite:///{db}", out_dir=str(out), link="ufs4", batch_size=batch_size, plan=plan_,
+                         db_url=f"sqlite:///{db}", out_dir=str(out), plan=plan_,
+                         **eval_request(link="ufs4", batch_size=batch_size),
                          progress=lambda *_: None)
 
     replayed, measured = suite("replay", 4), suite("measure", 1)

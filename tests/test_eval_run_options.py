@@ -8,9 +8,10 @@ import subprocess
 import pytest
 
 from evalsuite.cli import main
+from evalsuite.lm.run_options import RunOptions
 from evalsuite.results import ResultsDB
 
-from .helpers import REPO, shared_data, shipped_model
+from .helpers import REPO, eval_request, shared_data, shipped_model
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
@@ -25,7 +26,7 @@ def suite(db, out, **options):
     from evalsuite.lm.suite import run_suite
 
     return run_suite([shipped_model()], ["on-demand"], ["evalsuite_yesno"], 3, db_url=f"sqlite:///{db}",
-                     out_dir=str(out), progress=lambda *_: None, **options)
+                     out_dir=str(out), progress=lambda *_: None, **eval_request(**options))
 
 
 def stored(db) -> list[dict]:
@@ -67,12 +68,13 @@ def test_num_fewshot_sets_the_examples_and_a_task_that_fixes_zero_is_refused(tmp
     monkeypatch.setenv("EVALSUITE_DATA_DIR", shared_data())
     db, out = tmp_path / "r.db", tmp_path / "json"
     run_suite([shipped_model()], ["resident"], ["gsm8k_es_5shot"], 1, db_url=f"sqlite:///{db}", out_dir=str(out),
-              num_fewshot=1, gen_kwargs="max_gen_toks=4", progress=lambda *_: None)
+              run=RunOptions(num_fewshot=1, gen_kwargs="max_gen_toks=4"), progress=lambda *_: None)
     results = lm_eval_json(out)[0]
     assert results["n-shot"] == {"gsm8k_es_5shot": 1} and stored(db)[0]["num_fewshot"] == 1
     # lm-eval would silently keep 0 shots for a task whose config says 0: refused before anything is stored
     with pytest.raises(ValueError, match="evalsuite_arith fix\\(es\\) num_fewshot: 0") as refused:
-        run_suite([shipped_model()], ["resident"], ["evalsuite_arith"], 1, db_url=f"sqlite:///{db}", num_fewshot=2)
+        run_suite([shipped_model()], ["resident"], ["evalsuite_arith"], 1, db_url=f"sqlite:///{db}",
+                  run=RunOptions(num_fewshot=2))
     assert "\n" not in str(refused.value) and len(stored(db)) == 1
 
 
@@ -86,7 +88,7 @@ def test_apply_chat_template_formats_the_prompts(tmp_path):
 
     db, out = tmp_path / "r.db", tmp_path / "json"
     run_suite([str(model)], ["resident"], ["evalsuite_yesno"], 1, db_url=f"sqlite:///{db}", out_dir=str(out),
-              apply_chat_template=True, progress=lambda *_: None)
+              run=RunOptions(apply_chat_template=True), progress=lambda *_: None)
     prompt = lm_eval_json(out)[0]["samples"]["evalsuite_yesno"][0]["arguments"][0][0]
     assert prompt.startswith("<|user|>") and prompt.endswith("<|assistant|>")
     assert stored(db)[0]["apply_chat_template"] is True

@@ -4,14 +4,14 @@ order of --modes, from a stored resident run of the same configuration when the 
 from evalsuite.lm.suite import run_suite
 from evalsuite.results import ResultsDB
 
-from .helpers import shipped_model
+from .helpers import eval_request, shipped_model
 
 TASK = "evalsuite_arith"
 
 
 def _suite(db, modes, limit=3, **options):
     return run_suite([shipped_model("tiny-qwen3-moe")], modes, [TASK], limit, db_url=f"sqlite:///{db}",
-                     out_dir=str(db.parent / "out"), progress=lambda *_: None, **options)
+                     out_dir=str(db.parent / "out"), progress=lambda *_: None, **eval_request(**options))
 
 
 def _label(row) -> str:

@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 
 from evalsuite.lm.preflight import check_checkpoint, check_eval, task_manager, unsafe_tasks
 
-from .helpers import shipped_model
+from .helpers import eval_request, shipped_model
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +80,13 @@ def test_a_request_is_checked_whole(manager):
     request = dict(models=[shipped_model()], modes=["resident", "speculative"], tasks=["evalsuite_arith"], limit=1,
                    predictor="gate", predictor_path=None, cache_capacity=0.25, link="ufs4", db_url=None,
                    confirm_run_unsafe_code=False)
-    check_eval(**request, manager=manager)
+    check_eval(**eval_request(**request), manager=manager)
     for change, words in ((dict(modes=[]), "--modes"), (dict(modes=["resident", "warp"]), "warp"),
                           (dict(limit=0), "--limit"), (dict(tasks={shipped_model(): []}), "--tasks"),
                           (dict(predictor_path="/nonexistent/p.safetensors"), "/nonexistent/p.safetensors"),
                           (dict(db_url="postgresql://::bad"), "not a URL")):
         with pytest.raises((ValueError, OSError), match=".*") as info:
-            check_eval(**{**request, **change}, manager=manager)
+            check_eval(**eval_request(**{**request, **change}), manager=manager)
         assert words in str(info.value), (change, str(info.value))
 
 

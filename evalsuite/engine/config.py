@@ -1,7 +1,7 @@
 """`EngineConfig`: every option of the engine, in one frozen dataclass that checks itself.
 
 `offload()` takes one (or its fields as keywords); the lm-eval adapters' model_args (`model_args()`,
-`from_model_args()`), the `evalsuite` commands' engine flags (`add_arguments()`) and the options table of
+`parse_model_args()`), the `evalsuite` commands' engine flags (`add_arguments()`) and the options table of
 docs/eval.md (`markdown()`, printed by `python -m evalsuite.engine.config`) are all derived from the fields
 below, so an option is written once. A bad value gets a one-line ValueError naming the option, the value and
 what would do, before any model is touched.
@@ -305,6 +305,4 @@ def _flag_type(name, rule, capacity: bool):
 
 
 if __name__ == "__main__":
-    from evalsuite import predict  # noqa: F401  (fills the predictor registry the table names)
-
     print(EngineConfig.markdown())

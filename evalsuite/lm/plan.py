@@ -96,7 +96,7 @@ def row_independent(predictor: str) -> bool:
 
 def describe(passes: list[Pass], target, request) -> str:
     runs = sum(len(p.serves) for p in passes)
-    lines = [f"[evalsuite] plan for {target.name}: {len(passes)} generation(s) at batch {request.batch_size} over "
+    lines = [f"[evalsuite] plan for {target.name}: {len(passes)} generation(s) at batch {request.run.batch_size} over "
              f"{len(target.tasks)} task(s) (limit {request.limit}); {runs} run(s), engine metrics replayed"]
     for i, p in enumerate(passes, 1):
         served = ", ".join(mode + (f"/{chosen}" if chosen else "") for mode, chosen in p.serves)
@@ -123,8 +123,8 @@ def run_plan(db, request, target) -> list[dict]:
                 extra.append("keep_experts=True")
             if p.row_predictors:
                 extra.append(f"row_predictors={';'.join(p.row_predictors)}")
-            if p.shadows and request.predictor_path and not speculative:
-                extra.append(f"predictor_path={request.predictor_path}")
+            if p.shadows and request.engine.predictor_path and not speculative:
+                extra.append(f"predictor_path={request.engine.predictor_path}")
             lm, args = load_adapter(request, target, p.mode, p.predictor, link=None, extra=",".join(extra))
             lm.length_hints = lengths  # the resident pass's lengths batch like rows together (SpecMoELM._in_batches)
             runs, configs = {}, {}
@@ -185,7 +185,7 @@ def run_plan(db, request, target) -> list[dict]:
 def _evaluate_groups(lm, tasks: list[str], request, p: Pass) -> dict:
     """lm-eval's results of the pass on `tasks`: {None: the generation's}, and with row groups, each group's
     predictor -> its rows' answers scored (generated with the first group's, see SpecMoELM.answer_as)."""
-    out = {None: add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.options,
+    out = {None: add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.lm_eval,
                                                   request.confirm_run_unsafe_code))}
     for group, name in enumerate(p.row_predictors):
         if group == 0:
@@ -193,7 +193,7 @@ def _evaluate_groups(lm, tasks: list[str], request, p: Pass) -> dict:
             continue
         lm.answer_as(group)
         try:
-            out[name] = add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.options,
+            out[name] = add_engine_metrics(evaluate_task(lm, tasks, request.limit, request.manager, request.lm_eval,
                                                          request.confirm_run_unsafe_code))
         finally:
             lm.answer_as(None)  # (its shadow record gained nothing: the generation's holds every group)
@@ -214,21 +214,20 @@ def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:
     """A run's configuration as replayed: its own mode, predictor, cache and link, and the pass it came from."""
-    offloads = MODES[mode].offloads
-    options = request.engine_options
+    offloads, engine = MODES[mode].offloads, request.engine
     path = artifact_of(request, config.get("model_path"))
     return {**config, "mode": mode, "predictor": predictor,
             "predictor_parameters": predictor_parameters(path, predictor),
-            "cache_capacity": str(request.cache_capacity) if offloads else None,
-            "cache_policy": (options.get("cache_policy") or "lru") if offloads else None,
-            "cache_pools": (options.get("cache_pools") or "global") if offloads else None,
-            "store": (options.get("store") or "host") if offloads else None,
-            "link": request.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
+            "cache_capacity": str(engine.cache_capacity) if offloads else None,
+            "cache_policy": engine.cache_policy if offloads else None,
+            "cache_pools": engine.cache_pools if offloads else None,
+            "store": engine.store if offloads else None,
+            "link": engine.link if offloads else None, "engine_metrics": "replayed", "generated_by": p.label}
 
 
 def artifact_of(request, model_dir) -> str | None:
     """The calibration artifact a pass's predictors read: the one given, else the model's own."""
-    return request.predictor_path or artifact_beside(model_dir)
+    return request.engine.predictor_path or artifact_beside(model_dir)
 
 
 _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measured once per process
@@ -237,7 +236,7 @@ _MEASURED: dict = {}  # (model, artifact, link, device, threads) -> costs: measu
 def measured_costs(lm, target, request, predictors: list[str]) -> dict:
     """`measure`, once per process for a model, artifact, link, device and thread count (a sweep of plans
     replays every cell with the same costs)."""
-    key = (lm.fingerprint(), file_hash(artifact_of(request, target.path)), request.link, request.device,
+    key = (lm.fingerprint(), file_hash(artifact_of(request, target.path)), request.engine.link, request.run.device,
            torch.get_num_threads())
     known = _MEASURED.get(key)
     if known is None or not set(predictors) <= set(known):
@@ -263,12 +262,12 @@ def measure(lm, target, request, predictors: list[str]):
         cases = [(name, "router-preserving", name, artifact) for name in dict.fromkeys(predictors)]
         base, per_case, _ = measure_costs(lm.model, ids, COST_TOKENS, COST_REPEATS, predicting=cases)
         # the link as the engine times it here, not its nominal figure: the replayed scheduler decides on it
-        transfer_s, prefetch_s = link_costs(lm.model, ids, COST_TOKENS, request.link)
+        transfer_s, prefetch_s = link_costs(lm.model, ids, COST_TOKENS, request.engine.link)
     finally:
         lm.engine = None
         lm._offload()  # the pass's own engine again
     if transfer_s is None:  # nothing moved (the small cache held every expert)
-        link = parse_link(request.link)
+        link = parse_link(request.engine.link)
         transfer_s = link.seconds(nbytes) if link is not None else 0.0
     base = replace(base, transfer_s=transfer_s, prefetch_s=prefetch_s, handoff_s=handoff_seconds(device))
     out = {None: base}
@@ -289,12 +288,10 @@ def replayed_summary(engine, shadows, costs: dict, request, mode: str, predictor
                          prompt={k: v for k, v in s.prompt.items() if k == predictor})
                  for s in shadows.sequences if s.executed_by in (None, predictor)]
     # what the replay reads, and no more, goes to the replay process: this run's rows, its predictor's candidates
-    capacity = capacity_in_experts(request.cache_capacity, experts * len(layers), engine.layout.nbytes)
-    options = request.engine_options
+    capacity = capacity_in_experts(request.engine.cache_capacity, experts * len(layers), engine.layout.nbytes)
     stats = replays().submit(replayed_sequences, sequences, predictor, [l.index for l in layers], experts, top_k,
-                             meta, costs.get(predictor, costs[None]), capacity, mode,
-                             options.get("cache_policy") or "lru",
-                             (options.get("cache_pools") or "global") == "per-layer")
+                             meta, costs.get(predictor, costs[None]), capacity, mode, request.engine.cache_policy,
+                             request.engine.cache_pools == "per-layer")
     scores = shadows.scores.get(predictor) if predictor else None
 
     def summary() -> dict:
@@ -345,7 +342,7 @@ def estimate(lm, target, request, passes: list[Pass], tasks: list[str]) -> str:
     """An upper bound of the plan's generation time: one batched step timed on the first pass's engine with as
     many rows as the widest pass generates at once (a pass with row groups repeats each batch once per group),
     times the steps every pass could take (each batch generating its task's max_gen_toks)."""
-    rows = request.batch_size
+    rows = request.run.batch_size
     groups = max(len(p.row_predictors) or 1 for p in passes)  # (one pass at most has row groups)
     ids = target.tokenizer(["Question: 12 + 7 = ? Answer:"] * rows * groups, return_tensors="pt")["input_ids"]
     with torch.no_grad():

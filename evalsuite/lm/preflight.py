@@ -141,7 +141,7 @@ def check_run_options(device="cpu", dtype=None, batch_size=1, num_fewshot=None, 
 
 @functools.cache
 def task_manager():
-    """lm-eval's index of its tasks and the project's (evalsuite/tasks/), built once per process: reading every
+    """lm-eval's index of its tasks and the project's (tasks/, evalsuite.tasks), built once per process: reading every
     task YAML lm-eval ships takes ~10 s here, and the index does not change while a process runs."""
     from lm_eval.tasks import TaskManager
 
@@ -150,14 +150,15 @@ def task_manager():
     return TaskManager(include_path=TASKS_DIR)
 
 
-def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
-               cache_policy=None, cache_pools=None, store=None, db_url=None, confirm_run_unsafe_code=False,
-               manager=None, open_db=True, model_files=True, device="cpu", dtype=None, batch_size=1,
-               num_fewshot=None, gen_kwargs=None, apply_chat_template=False, seed=0) -> None:
-    """Refuse a bad eval request (the arguments of `run_suite`) with a one-line ValueError or
-    FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep opens it once);
-    `model_files=False` skips what only the machine running the model can check (a Ray cluster's:
+def check_eval(models, modes, tasks, limit, *, engine=None, predictor=None, run=None, db_url=None,
+               confirm_run_unsafe_code=False, manager=None, open_db=True, model_files=True) -> None:
+    """Refuse a bad eval request (the arguments of `run_suite`: `engine` an EngineConfig, `run` its RunOptions)
+    with a one-line ValueError or FileNotFoundError. `open_db=False` leaves the database to the caller (a sweep
+    opens it once); `model_files=False` skips what only the machine running the model can check (a Ray cluster's:
     its models, Hub ids resolved there, and its devices)."""
+    from .run_options import EVAL_ENGINE, RunOptions
+
+    engine, run = engine or EVAL_ENGINE, run or RunOptions()
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"--limit must be a whole number of at least 1, not {limit!r}")
     if not models:
@@ -166,11 +167,9 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
         raise ValueError("no mode to run: pass --modes resident,on-demand,...")
     for mode in modes:
         check_options(mode=mode)
-    check_options(cache_capacity=cache_capacity, link=link,
-                  **{k: v for k, v in dict(cache_policy=cache_policy, cache_pools=cache_pools, store=store).items()
-                     if v is not None})
     check_predictor(modes, predictor)
-    check_run_options(device if model_files else "cpu", dtype, batch_size, num_fewshot, gen_kwargs, seed)
+    check_run_options(run.device if model_files else "cpu", run.dtype, run.batch_size, run.num_fewshot,
+                      run.gen_kwargs, run.seed)
     if open_db:
         from ..results import ResultsDB
 
@@ -178,8 +177,8 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
     manager = manager or task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     requested = _known_tasks(tasks_of, manager)
-    if num_fewshot is not None:
-        check_fewshot(requested, num_fewshot, manager)
+    if run.num_fewshot is not None:
+        check_fewshot(requested, run.num_fewshot, manager)
     # a missing model is named before the code tasks its defaults would bring; a Hub id is resolved here
     paths = [local_model(model) for model in models] if model_files else []
     unsafe = unsafe_tasks(requested, manager)
@@ -194,14 +193,15 @@ def check_eval(models, modes, tasks, limit, *, predictor=None, predictor_path=No
             raise ValueError(str(exc)) from None
     for path in paths:
         check_model(path)
-        if apply_chat_template:
-            check_chat_template(path, apply_chat_template)
+        if run.apply_chat_template:
+            check_chat_template(path, run.apply_chat_template)
     if model_files:
-        if predictor_path and any(MODES[mode].predicts for mode in modes) and not os.path.isfile(predictor_path):
-            raise FileNotFoundError(f"no predictor artifact {predictor_path!r}: run `evalsuite calibrate --model M "
+        artifact = engine.predictor_path
+        if artifact and any(MODES[mode].predicts for mode in modes) and not os.path.isfile(artifact):
+            raise FileNotFoundError(f"no predictor artifact {artifact!r}: run `evalsuite calibrate --model M "
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
         for model, path in zip(models, paths):
-            check_artifact(model, path, modes, predictor, predictor_path)
+            check_artifact(model, path, modes, predictor, engine.predictor_path)
 
 
 def check_artifact(model: str, path: str, modes, predictor, predictor_path) -> None:

@@ -6,46 +6,44 @@ import os
 from dataclasses import dataclass
 
 from .. import __version__, timing
+from ..engine.config import EngineConfig
 from ..engine.modes import MODES, default_predictor
 from ..results.provenance import git_commit
 from ..predict.artifact import predictor_parameters
+from .run_options import OFFLOAD_OPTIONS, RunOptions  # noqa: F401  (RunOptions: what a Request holds)
 from .runs import engine_config, file_hash
 
 
-def model_args(model: str, mode: str, predictor: str | None, predictor_path: str | None, cache_capacity,
-               link: str | None, extra: str = "", dtype: str | None = None, **engine_options) -> str:
+def model_args(model: str, mode: str, predictor: str | None, engine: EngineConfig, extra: str = "",
+               dtype: str | None = None) -> str:
     """lm-eval's model_args for one run: the mode's own predictor where none is given, and only the options
-    the mode uses; `engine_options` (cache_policy, cache_pools, store) go to every offloading mode."""
-    args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={cache_capacity}"]
+    the mode uses; OFFLOAD_OPTIONS go to every offloading mode."""
+    args = [f"pretrained={model}", f"mode={mode}", f"cache_capacity={engine.cache_capacity}"]
     if dtype is not None:
         args.append(f"dtype={dtype}")
     predictor = default_predictor(mode, predictor)
     if predictor:
         args.append(f"predictor={predictor}")
-    if predictor_path and MODES[mode].predicts:
-        args.append(f"predictor_path={predictor_path}")
-    if link and MODES[mode].offloads:
-        args.append(f"link={link}")
+    if engine.predictor_path and MODES[mode].predicts:
+        args.append(f"predictor_path={engine.predictor_path}")
+    if engine.link and MODES[mode].offloads:
+        args.append(f"link={engine.link}")
     if MODES[mode].offloads:
-        args += [f"{name}={value}" for name, value in engine_options.items() if value is not None]
+        args += [f"{name}={getattr(engine, name)}" for name in OFFLOAD_OPTIONS]
     return ",".join(args + ([extra] if extra else []))
 
 
 @dataclass
 class Request:
-    """Everything of an eval request that is the same for every model."""
+    """Everything of an eval request that is the same for every model: its modes and predictors, the engine
+    they run on (mode and predictor aside), lm-eval's and the adapter's options, and where results go."""
 
     modes: list
     predictor: object
-    predictor_path: str | None
     limit: int
-    cache_capacity: object
-    link: str | None
-    engine_options: dict  # cache_policy, cache_pools, store
-    options: dict  # lm-eval's: num_fewshot, gen_kwargs, apply_chat_template, seed
-    device: str
-    dtype: str | None
-    batch_size: int
+    engine: EngineConfig
+    run: RunOptions
+    lm_eval: dict  # what lm-eval's evaluate takes of `run`: num_fewshot, gen_kwargs (parsed), apply_chat_template, seed
     threads: int
     out_dir: str
     fresh: bool
@@ -73,11 +71,11 @@ def load_adapter(request: Request, target: Target, mode: str, predictor: str | N
     link unless given) and those args."""
     from lm_eval.api.registry import get_model
 
-    args = model_args(target.path, mode, predictor, request.predictor_path, cache_capacity or request.cache_capacity,
-                      request.link if link == "request" else link, extra=extra, dtype=request.dtype,
-                      **request.engine_options)
+    engine = request.engine.replace(cache_capacity=cache_capacity or request.engine.cache_capacity,
+                                    link=request.engine.link if link == "request" else link)
+    args = model_args(target.path, mode, predictor, engine, extra=extra, dtype=request.run.dtype)
     lm = get_model(target.adapter).create_from_arg_string(
-        args, {"batch_size": batch_size or request.batch_size, "device": request.device})
+        args, {"batch_size": batch_size or request.run.batch_size, "device": request.run.device})
     return lm, args
 
 
@@ -88,13 +86,13 @@ def run_config(request: Request, target: Target, lm, mode: str, args: str, **ext
             "mode": mode, "predictor": engine["predictor"],
             "predictor_artifact": file_hash(engine["predictor_artifact"]),
             "predictor_parameters": predictor_parameters(engine["predictor_artifact"], engine["predictor"]),
-            "seed": request.options["seed"],
-            "cache_capacity": str(request.cache_capacity) if MODES[mode].offloads else None,
-            **engine_config(lm.engine), "link": request.link if MODES[mode].offloads else None, "limit": request.limit,
-            "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.device,
-            "batch_size": request.batch_size, "num_fewshot": request.options["num_fewshot"],
-            "gen_kwargs": request.options["gen_kwargs"], "apply_chat_template": request.options["apply_chat_template"],
+            "seed": request.run.seed,
+            "cache_capacity": str(request.engine.cache_capacity) if MODES[mode].offloads else None,
+            **engine_config(lm.engine), "link": request.engine.link if MODES[mode].offloads else None,
+            "limit": request.limit, "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.run.device,
+            "batch_size": request.run.batch_size, "num_fewshot": request.run.num_fewshot,
+            "gen_kwargs": request.lm_eval["gen_kwargs"], "apply_chat_template": request.run.apply_chat_template,
             "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(target.tasks),
             "sandbox": target.sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
-            "threads": request.threads, "machine": timing.machine(request.device), "engine_metrics": "measured",
+            "threads": request.threads, "machine": timing.machine(request.run.device), "engine_metrics": "measured",
             **request.extra_config, **extra}

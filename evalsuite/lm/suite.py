@@ -16,16 +16,17 @@ from .. import timing
 from ..results.lm_eval_rows import stored_results
 from ..scoring.sandbox import confinement_to_use
 from ..table import Column, format_table
+from ..engine.config import EngineConfig
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
 from .preflight import check_eval, parse_gen_kwargs, requested_runs, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
 from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
+from .run_options import EVAL_ENGINE, SEED, RunOptions  # noqa: F401  (what run_suite takes)
 from .runs import check_generation_lengths, divergence, evaluate_task, open_run, save_json, table_rows, writing
 from .reference import find_reference
 
 PLANS = ("measure", "replay")
-SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
 
 
 def is_vision_language(model: str) -> bool:
@@ -37,23 +38,22 @@ def is_vision_language(model: str) -> bool:
         return "vision_config" in json.load(f)
 
 
-def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, cache_capacity=0.25, link=None,
-              cache_policy=None, cache_pools=None, store=None, db_url=None, out_dir="results",
-              confirm_run_unsafe_code=False, fresh=False, progress=print, seed=SEED, device="cpu", dtype=None,
-              batch_size=1, num_fewshot=None, gen_kwargs=None, apply_chat_template=False, threads: int = 1,
-              extra_config: dict | None = None, plan: str = "measure") -> list[dict]:
+def run_suite(models, modes, tasks, limit, *, engine: EngineConfig = EVAL_ENGINE, predictor=None,
+              run: RunOptions = RunOptions(), db_url=None, out_dir="results", confirm_run_unsafe_code=False,
+              fresh=False, progress=print, threads: int = 1, extra_config: dict | None = None,
+              plan: str = "measure") -> list[dict]:
     """Evaluate every (model, mode, predictor) over `tasks` (a list for all models, or a dict: model -> its
     tasks); each task lands in the database as soon as it is done. `predictor`: one name or several
     ('gate,quasi'): each predicting mode runs once with each that fits it (evalsuite.lm.preflight.predictors_for).
+    `engine`: the engine every run uses, its mode and predictor aside (cache, link, store, predictor_path, ...).
+    `run`: the adapter's device, dtype and batch size, and lm-eval's few-shot, generation arguments, chat
+    template and seed.
 
     `plan="measure"` runs every configuration through the engine. `plan="replay"` (evalsuite.lm.plan) makes
     the fewest generations the grid needs, batched, and replays the engine metrics of each configuration.
-    `device`, `dtype`, `batch_size` go to the adapter; `num_fewshot`, `gen_kwargs` (lm-eval's
-    'name=value,...' or a dict), `apply_chat_template` (True or a template's name) and `seed` to lm-eval.
     A run made earlier with exactly the same configuration (model fingerprint, mode, predictor and
-    artifact, cache, link, limit, tasks, device, dtype, batch size, few-shot, generation arguments, chat
-    template, seed, code version) is resumed: its stored tasks are kept and only
-    the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
+    artifact, cache, link, limit, tasks, run options, code version) is resumed: its stored tasks are kept and
+    only the missing ones run, so an interrupted `make eval` finishes what is missing and every result is
     stored once. A task cut off mid-way is run again whole, so its engine metrics stay complete.
     `fresh=True` always starts new runs. `extra_config` is stored with each run's configuration (a sweep
     names its cell there). A run another live process is writing with the same configuration is waited for.
@@ -66,22 +66,15 @@ def run_suite(models, modes, tasks, limit, predictor=None, predictor_path=None, 
     manager = task_manager()
     tasks_of = tasks if isinstance(tasks, dict) else {model: list(tasks) for model in models}
     # the whole request, before any model is loaded (the CLI and sweeps have checked it already)
-    run_options = dict(device=device, dtype=dtype, batch_size=batch_size, num_fewshot=num_fewshot,
-                       gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template, seed=seed)
     if plan not in PLANS:
         raise ValueError(f"--plan {plan!r} is not one of: {', '.join(PLANS)}")
-    check_eval(models, modes, tasks_of, limit, predictor=predictor, predictor_path=predictor_path,
-               cache_capacity=cache_capacity, link=link, cache_policy=cache_policy, cache_pools=cache_pools,
-               store=store, confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False,
-               **run_options)
-    request = Request(modes=list(modes), predictor=predictor, predictor_path=predictor_path, limit=limit,
-                      cache_capacity=cache_capacity, link=link,
-                      engine_options=dict(cache_policy=cache_policy, cache_pools=cache_pools, store=store),
-                      options=dict(num_fewshot=num_fewshot, gen_kwargs=parse_gen_kwargs(gen_kwargs),
-                                   apply_chat_template=apply_chat_template, seed=seed),
-                      device=device, dtype=dtype, batch_size=batch_size, threads=threads, out_dir=out_dir,
-                      fresh=fresh, confirm_run_unsafe_code=confirm_run_unsafe_code, progress=progress,
-                      extra_config=extra_config or {}, manager=manager)
+    check_eval(models, modes, tasks_of, limit, engine=engine, predictor=predictor, run=run,
+               confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False)
+    request = Request(modes=list(modes), predictor=predictor, limit=limit, engine=engine, run=run,
+                      lm_eval=dict(num_fewshot=run.num_fewshot, gen_kwargs=parse_gen_kwargs(run.gen_kwargs),
+                                   apply_chat_template=run.apply_chat_template, seed=run.seed),
+                      threads=threads, out_dir=out_dir, fresh=fresh, confirm_run_unsafe_code=confirm_run_unsafe_code,
+                      progress=progress, extra_config=extra_config or {}, manager=manager)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
     timing.pin(threads)  # evalsuite.timing: one protocol for every TPOT the suite reports
     rows = []
@@ -135,10 +128,10 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
                 if task in done:
                     continue
                 progress(f"[evalsuite] {name} / {mode} / {task} (limit {request.limit}, run {run_id})")
-                started, before = time.time(), timing.probe(request.device)
-                results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.options,
+                started, before = time.time(), timing.probe(request.run.device)
+                results = add_engine_metrics(evaluate_task(lm, task, request.limit, request.manager, request.lm_eval,
                                                            request.confirm_run_unsafe_code))
-                results["timing"] = {"probe_ms": [before, timing.probe(request.device)]}  # the CPU's speed around it
+                results["timing"] = {"probe_ms": [before, timing.probe(request.run.device)]}  # the CPU's speed around it
                 if mode == REFERENCE:
                     reference[task] = results
                 else:
@@ -149,7 +142,7 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
                 save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                 db.add_lm_eval_tasks(run_id, results, results.get("engine"))
                 rows += table_rows(results, name, mode, chosen, diverged, run_id, time.time() - started,
-                                   busy=timing.busy(request.device), probes=results["timing"]["probe_ms"])
+                                   busy=timing.busy(request.run.device), probes=results["timing"]["probe_ms"])
     return rows
 
 
@@ -159,8 +152,8 @@ def format_rows(rows) -> str:
     between the rows of a model), same tokens."""
     columns = ["model", "task", "metric", "mode", "predictor", Column("accuracy", align=">"), Column("recall", ".3f"),
                Column("hit rate", align=">"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
-    spreads = _speed_spreads(rows)
-    drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
+    speeds = _speed_spreads(rows)  # model -> (drift, spread)
+    drifted = {model: drift for model, (drift, _) in speeds.items() if drift > timing.DRIFT}
     lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r),
                             r["recall"], _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]]
                            for r in rows], columns)]
@@ -172,10 +165,11 @@ def format_rows(rows) -> str:
                      "predicted and prefetched, so they hit by construction, whatever the prediction's quality; its "
                      "prediction accuracy is the recall column")
     for model, ratio in drifted.items():
-        lines.append(f"! {model}: this machine's speed changed by up to {100 * (ratio - 1):.0f} % while these rows "
-                     "were timed (evalsuite.timing.probe): TPOT differences smaller than that are not results; "
-                     "compare modes with evalsuite bench (interleaved repeats) or --plan replay (one cost measurement)")
-    steady = [f"{100 * (ratio - 1):.0f} % ({model})" for model, ratio in spreads.items() if model not in drifted]
+        lines.append(f"! {model}: this machine ran {100 * (ratio - 1):.0f} % slower while some of these rows were timed "
+                     "than while others were (every probe around them, evalsuite.timing.drift): TPOT differences "
+                     "smaller than that are not results; compare modes with evalsuite bench (interleaved repeats) or "
+                     "--plan replay (one cost measurement)")
+    steady = [f"{100 * (spread - 1):.0f} % ({model})" for model, (_, spread) in speeds.items() if model not in drifted]
     if steady:  # under DRIFT the rows are not flagged, but modes a few percent apart still differ by the machine
         lines.append(f"this machine's speed varied by up to {', '.join(steady)} while each model's rows were timed "
                      "(evalsuite.timing.probe): TPOT differences between its modes smaller than that are not results")
@@ -186,16 +180,20 @@ def format_rows(rows) -> str:
     if any(r.get("replayed") for r in rows):
         lines.append("~ replayed (--plan replay): hit rate and TPOT from the recorded routing through the engine's "
                      "cache and scheduler, in time simulated from this machine's measured costs")
+    if order := timing.order_line(rows):  # how the modes' TPOTs were compared: in turn, or from one cost measurement
+        lines.append(order)
     return "\n".join(lines)
 
 
-def _speed_spreads(rows) -> dict[str, float]:
-    """model -> how far apart (max / min) the probes around its measured TPOTs are (timing.spread)."""
+def _speed_spreads(rows) -> dict[str, tuple[float, float]]:
+    """model -> (how much slower the machine was for certain while one of its measured rows was timed than while
+    another was, timing.drift; how far apart all the probes around them are, timing.spread)."""
     probes: dict[str, list] = {}
     for r in rows:
         if r.get("probes") and r.get("tpot_ms") is not None and not r.get("replayed"):
-            probes.setdefault(r["model"], []).extend(r["probes"])
-    return {model: ratio for model, p in probes.items() if (ratio := timing.spread(p)) is not None}
+            probes.setdefault(r["model"], []).append(r["probes"])
+    return {model: (timing.drift(p), timing.spread([x for row in p for x in row])) for model, p in probes.items()
+            if timing.drift(p) is not None}
 
 
 def _accuracy(row) -> str:

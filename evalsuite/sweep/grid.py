@@ -103,18 +103,21 @@ def check_cells(cells: list[Cell], confirm_run_unsafe_code: bool, model_files: b
     manager = task_manager()  # built once for all cells
     for cell in cells:
         try:
-            check_eval([cell.model], [cell.mode], list(cell.tasks), cell.limit, predictor=cell.predictor,
-                       predictor_path=cell.predictor_path, cache_capacity=run_capacity(cell), link=cell.link,
-                       confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False,
-                       model_files=model_files)
+            check_eval([cell.model], [cell.mode], list(cell.tasks), cell.limit, engine=cell_engine(cell),
+                       predictor=cell.predictor, confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager,
+                       open_db=False, model_files=model_files)
         except (ValueError, OSError) as exc:
             kind = FileNotFoundError if isinstance(exc, OSError) else ValueError
             raise kind(f"sweep cell {cell.label()}: {exc}") from None
 
 
-def run_capacity(cell: Cell):
-    """The cache capacity a cell runs with (a resident cell has none; run_suite wants a value)."""
-    return cell.cache_capacity if cell.cache_capacity is not None else 0.25
+def cell_engine(cell: Cell):
+    """The engine a cell runs on, its mode and predictor aside (a resident cell has no cache capacity: it runs
+    with eval's default, which a resident engine never reads)."""
+    from ..lm.run_options import EVAL_ENGINE
+
+    capacity = cell.cache_capacity if cell.cache_capacity is not None else EVAL_ENGINE.cache_capacity
+    return EVAL_ENGINE.replace(cache_capacity=capacity, link=cell.link, predictor_path=cell.predictor_path)
 
 
 def _list(raw: dict, name: str, default=None) -> list:

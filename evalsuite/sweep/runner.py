@@ -16,7 +16,7 @@ from multiprocessing import get_context
 
 from tqdm import tqdm
 
-from .grid import Cell, Sweep, check_cells, run_capacity
+from .grid import Cell, Sweep, cell_engine, check_cells
 
 LOCAL_RAY = ("local", "")  # --ray local: start a Ray instance on this machine
 # Failures worth another attempt (out of memory, a lost connection, a crashed kernel); a bad model,
@@ -34,16 +34,14 @@ class Outcome:
 def run_cell(cell: dict, sweep_name: str, db_url: str | None, out_dir: str, confirm_run_unsafe_code: bool,
              threads: int = 1) -> dict:
     """One cell, in whichever process runs it: its run lands in the database; returns its table rows."""
-    from ..lm.suite import run_suite
+    from ..lm.suite import RunOptions, run_suite
 
     c = Cell(**{**cell, "tasks": tuple(cell["tasks"])})
     started = time.time()
-    rows = run_suite([c.model], [c.mode], list(c.tasks), c.limit, predictor=c.predictor,
-                     predictor_path=c.predictor_path,
-                     cache_capacity=run_capacity(c), link=c.link,
-                     db_url=db_url, out_dir=out_dir, confirm_run_unsafe_code=confirm_run_unsafe_code,
-                     progress=lambda *_: None, seed=c.seed, threads=max(1, int(threads)),
-                     extra_config={"sweep": sweep_name, "sweep_cell": c.key})
+    rows = run_suite([c.model], [c.mode], list(c.tasks), c.limit, engine=cell_engine(c), predictor=c.predictor,
+                     run=RunOptions(seed=c.seed), db_url=db_url, out_dir=out_dir,
+                     confirm_run_unsafe_code=confirm_run_unsafe_code, progress=lambda *_: None,
+                     threads=max(1, int(threads)), extra_config={"sweep": sweep_name, "sweep_cell": c.key})
     return {"key": c.key, "rows": rows, "seconds": time.time() - started}
 
 
