@@ -1,4 +1,5 @@
-# evalsuite: `make eval` runs the main job offline, `make test` the whole test suite.
+# evalsuite: `make eval` runs the main job offline; `make test` the default test tier (every area, a few minutes
+# on 2 cores: pytest -m "not slow"), `make test-all` every test (CI); tests/conftest.py says which tests are slow.
 PYTHON ?= python3
 VENV   ?= .venv
 # The CPU wheel on these machines; on a GPU box use e.g. `make TORCH=torch==2.13.0+cu128`.
@@ -44,9 +45,9 @@ EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor '$(PR
 GATE_DB  = sqlite:///results/gate.db
 GATE_LIMIT ?= 20
 
-.PHONY: eval test gate report bench sweep tiny-models clean
+.PHONY: eval test test-all gate report bench sweep tiny-models clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
@@ -57,6 +58,9 @@ eval: $(STAMP)
 	$(BIN)/evalsuite eval $(EVAL_ARGS)
 
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 # The project's own gates (gates.yaml) on fresh runs of the shipped tiny models.

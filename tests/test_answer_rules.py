@@ -1,6 +1,6 @@
 """One answer rule per format: the project's tasks and the benchmarks read a generation the same way.
 
-Each check sends the same generation through a project task (evalsuite/tasks/evalsuite_*.yaml) and the
+Each check sends the same generation through a project task (tasks/evalsuite_*.yaml) and the
 benchmark task of the same format, with the filters and scorer their YAMLs name, and needs no
 benchmark data.
 """

@@ -1,5 +1,6 @@
-"""A wheel built from the checkout, installed outside it, carries every file the package reads and runs
-`evalsuite eval` on a shipped model path, finding every task from the installed copy alone."""
+"""A wheel built from the checkout, installed outside it, carries every file the package reads (the task
+files of the top-level tasks/ among them, as evalsuite/tasks/) and runs `evalsuite eval` on a shipped model
+path, finding every task from the installed copy alone."""
 import json
 import os
 import shutil
@@ -45,11 +46,17 @@ def installed_env(site) -> dict:
             "OMP_NUM_THREADS": "1"}
 
 
+def source_files(folder: str) -> set[str]:
+    return {os.path.relpath(os.path.join(here, name), folder) for here, dirs, names in os.walk(folder)
+            if "__pycache__" not in here for name in names if not name.endswith(".pyc")}
+
+
 def test_the_wheel_carries_every_file_of_the_package(installed):
     site, _, _ = installed
-    source = os.path.join(REPO, "evalsuite")
-    files = {os.path.relpath(os.path.join(folder, name), source) for folder, dirs, names in os.walk(source)
-             if "__pycache__" not in folder for name in names if not name.endswith(".pyc")}
+    # evalsuite/, and the top-level tasks/ as evalsuite/tasks/ (pyproject's package-dir)
+    files = source_files(os.path.join(REPO, "evalsuite")) | {
+        os.path.join("tasks", f) for f in source_files(os.path.join(REPO, "tasks"))}
+    assert {"tasks/hooks.py", "tasks/evalsuite_arith.yaml"} <= files
     missing = sorted(f for f in files if not (site / "evalsuite" / f).is_file())
     assert missing == []
     assert not (site / "models").exists() and not (site / "evalsuite" / "models").exists()

@@ -1,14 +1,16 @@
 """lm-eval `!function` hooks for every task in this folder (the project's own and the benchmarks).
 
 lm-eval imports this file by path (relative to the YAML files), so it puts the folder that holds
-the evalsuite package on sys.path itself; that makes `--include_path evalsuite/tasks` work from
-any working directory in a source checkout that is not installed.
+the evalsuite package on sys.path itself; that makes `--include_path tasks` work from any working
+directory in a source checkout that is not installed. That folder is the checkout's root for
+tasks/hooks.py, and the site folder for an installed evalsuite/tasks/hooks.py.
 """
 import sys
 from pathlib import Path
 
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent.parent
-if str(PACKAGE_PARENT) not in sys.path:
+PACKAGE_PARENT = next((folder for folder in Path(__file__).resolve().parents
+                       if (folder / "evalsuite" / "__init__.py").is_file()), None)
+if PACKAGE_PARENT is not None and str(PACKAGE_PARENT) not in sys.path:
     sys.path.insert(0, str(PACKAGE_PARENT))
 
 from evalsuite.scoring.answers import score_arith, score_boxed, score_code, score_vision, score_yesno  # noqa: E402,F401

@@ -1,8 +1,0 @@
-"""lm-eval task YAMLs (the project's own tasks and the real benchmarks), shipped inside the package.
-
-Hand TASKS_DIR to lm-eval as its include path: `TaskManager(include_path=TASKS_DIR)`, or on the
-command line `--include_path "$(python -m evalsuite.tasks)"`. The YAMLs' `!function` hooks are in hooks.py.
-"""
-import os
-
-TASKS_DIR = os.path.dirname(os.path.abspath(__file__))
