@@ -156,3 +156,28 @@ def test_a_lazy_link_that_never_wrote_a_slot_would_be_caught(monkeypatch):
     with evalsuite.offload(model, cache_capacity=0.5, link="0.02GB/s", mode="on-demand"):
         got = run(model, ids, mask)
     assert not torch.equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize("make", [lambda store: LazyLink(store, SLOWER),
+                                  lambda store: TransferWorker(store, torch.device("cpu"), SLOWER)],
+                         ids=["lazy", "worker"])
+def test_both_links_are_the_link_the_cache_talks_to(make):
+    """The engine builds one of two links; both are a `Link`, their copies `LinkTransfer`s, and every method the
+    protocol names behaves alike: a demand copy lands in its slot, a cancelled prefetch leaves its slot untouched."""
+    from evalsuite.engine.link import Link, LinkTransfer
+
+    link = make(RowStore(rows(3)))
+    try:
+        assert isinstance(link, Link)
+        dst = torch.zeros(3, ROW)
+        wanted = link.submit(0, dst[0])
+        queued = [link.submit(k, dst[k], prefetch=True) for k in (1, 2)]
+        assert all(isinstance(t, LinkTransfer) for t in [wanted, *queued])
+        assert link.cancel(queued[1]) and queued[1].untouched
+        link.promote(queued[0])
+        wanted.wait(10)
+        queued[0].wait(10)
+        assert torch.equal(dst[0], rows(3)[0]) and torch.equal(dst[1], rows(3)[1]) and not dst[2].any()
+        assert link.pending() == 0 and link.prefetches_queued() == 0 and link.seconds_per_transfer() > 0
+    finally:
+        link.close()
