@@ -2,12 +2,15 @@
 
 Each mode runs on a fresh copy of the model, so modes never share cache state; tokens are
 compared with the resident run, which is the reference: it runs first, and runs even when it is
-not among the modes asked for (its row then says so).
+not among the modes asked for (its row then says so), wherever it fits. A model loaded without its
+experts (`--store disk`) whose experts would not fit the memory free on its device (`resident_shortfall`)
+runs its modes without it: nothing is then compared, and the table says why in one line.
 """
 from __future__ import annotations
 
 import copy
 import os
+import re
 
 import torch
 from tqdm import tqdm
@@ -18,6 +21,10 @@ from .engine.modes import REFERENCE, mode_named
 from .table import Column
 from .table import format_table as _format_table
 
+MEMORY_ENV = "EVALSUITE_AVAILABLE_MEMORY"  # memory `generate` takes as free on the device ("2GiB"; default: measured)
+RESERVE = 0.1  # of the free memory, kept for activations and the allocator (as the expert cache's check)
+_SIZE = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
 
@@ -64,13 +71,64 @@ def encode(prompts, tokenizer, vocab_size: int, device) -> tuple[torch.Tensor, t
     return ids.to(device), mask.to(device)
 
 
-def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=16, **engine_options):
+def free_memory(device, available: int | str | None = None) -> int:
+    """Bytes free on `device` for a resident copy of the model: `available` when given (bytes, or a size such as
+    '2GiB'), else the environment's EVALSUITE_AVAILABLE_MEMORY, else what the device reports (MemAvailable on the
+    CPU, free memory on a GPU: evalsuite.engine.cache.slots.free_bytes)."""
+    if available is None:
+        available = os.environ.get(MEMORY_ENV) or None
+    if available is None:
+        from .engine.cache.slots import free_bytes
+
+        return free_bytes(torch.device(device))
+    if isinstance(available, int) and not isinstance(available, bool):
+        return available
+    m = _SIZE.match(str(available))
+    if not m:
+        raise ValueError(f"{MEMORY_ENV}={available!r}: give a size such as 2GiB or 500MB, or bytes")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
+
+
+def resident_shortfall(model, available: int | str | None = None) -> str | None:
+    """None where a resident run of `model` fits, else why not, in one line. Only a model built without its
+    experts (evalsuite.engine.load_skeleton) can fail to: resident reads every expert in, on a copy of the
+    non-expert weights, and that must fit `free_memory` of the non-expert weights' device, less RESERVE."""
+    from .engine import arch, placement
+    from .engine.placement.store import ExpertLayout
+
+    layers = arch.sparse_layers(model)
+    layout = ExpertLayout.of(layers[0].experts)
+    if not placement.experts_unloaded(layers, layout):
+        return None  # its experts are in memory already: a copy of the model is what every mode runs on
+    device = placement.home_device(model, layers, layout)
+    experts = sum(p.nbytes for p in placement.expert_params(layers, layout))
+    rest = sum(t.nbytes for t in placement.non_expert_tensors(model, layers, layout) if not t.is_meta)
+    free = free_memory(device, available)
+    if experts + rest <= free * (1 - RESERVE):
+        return None
+    return (f"its experts ({_size(experts)}) and a copy of the other weights ({_size(rest)}) do not fit the "
+            f"{_size(free)} free on {device.type} less {RESERVE:.0%} ({MEMORY_ENV} sets that figure)")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=16, available_memory=None,
+                  **engine_options):
     """Run every prompt (batch 1, greedy) under resident, then under each other mode; one result row per mode,
-    resident's first (`requested` says whether it was among `modes`)."""
+    resident's first (`requested` says whether it was among `modes`). Where resident does not fit
+    (`resident_shortfall`, given `available_memory`: bytes or '2GiB', default measured) the other modes run
+    alone, each row's `no_reference` saying why; resident among `modes` is then refused before anything runs."""
     rows, reference = [], None
     inputs = [encode([p], tokenizer, model.config.get_text_config().vocab_size, model.device) for p in prompts]
-    ordered = [REFERENCE] + [m for m in modes if m != REFERENCE]
-    kinds = {mode: mode_named(mode) for mode in ordered}  # an unknown mode fails before the first run
+    offloading = [m for m in modes if m != REFERENCE]
+    kinds = {mode: mode_named(mode) for mode in [REFERENCE] + offloading}  # an unknown mode fails before any run
+    missing = resident_shortfall(model, available_memory)
+    if missing and REFERENCE in modes:
+        raise ValueError(f"--modes {REFERENCE} needs every expert in memory: {missing}; leave it out to run the "
+                         "other modes without a reference")
+    ordered = offloading if missing else [REFERENCE] + offloading
     for mode in tqdm(ordered, desc="modes", disable=len(ordered) < 2):
         run = copy.deepcopy(model)
         options = dict(engine_options) if kinds[mode].offloads else {}
@@ -86,7 +144,7 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
             for o, r, (i, _) in zip(outputs, reference, inputs)]
         reference = outputs if mode == REFERENCE else reference
         rows.append({"mode": mode, "requested": mode in modes, "same_as_resident": same, "divergence": divergence,
-                     **stats,
+                     **({"no_reference": missing} if missing else {}), **stats,
                      "text": [tokenizer.decode(o[0]) for o in outputs] if tokenizer is not None else None})
     return rows
 
@@ -103,11 +161,15 @@ def _headline_recall(stats: dict) -> float | None:
 def format_table(rows) -> str:
     columns = ["mode", "predictor", "same", Column("recall", ".3f"), Column("uses", "d"), Column("hit rate", ".3f"),
                Column("MB moved", ".2f"), Column("stall ms", ".1f"), Column("TTFT ms", ".2f"), Column("TPOT ms", ".2f")]
-    cells = [[r["mode"], r.get("predictor"), {None: "ref", True: "yes", False: "NO"}[r["same_as_resident"]],
+    cells = [[r["mode"], r.get("predictor"), "ref" if r["mode"] == REFERENCE else
+              {None: "-", True: "yes", False: "NO"}[r["same_as_resident"]],
               _headline_recall(r), r["expert_uses"],
               r["hit_rate"], r["bytes_transferred"] / 1e6, r["stall_s"] * 1e3, r["ttft_ms"]["median"],
               r["tpot_ms"]["median"]] for r in rows]
     lines = [_format_table(cells, columns)]
     if rows and not rows[0].get("requested", True):
         lines.append("(resident was not among --modes: it ran as the reference the others are compared with)")
+    missing = next((r["no_reference"] for r in rows if r.get("no_reference")), None)
+    if missing:
+        lines.append(f"same -: resident did not run, so no tokens are compared: {missing}")
     return "\n".join(lines)

@@ -13,23 +13,27 @@ busy       a CPU timing taken while the machine had less than a free core per co
            (load average above cores - threads) is flagged, not printed bare: it measures the
            other work as much as the engine.
 probe      a fixed piece of compute, timed before and after every measured task: a shared virtual
-           machine changes speed by 2x over minutes with no load of its own to show for it, and
-           runs timed one after another then differ by that. The table flags TPOTs whose probes
-           differ by more than DRIFT: their order measures the machine, not the modes; under it, it
-           still says by how much they differed (`spread`), the floor under which modes do not differ.
+           machine changes speed with no load of its own to show for it, and runs timed one after
+           another then differ by that. The table flags TPOTs whose probes differ by more than DRIFT:
+           their order measures the machine, not the modes; under it, it still says by how much they
+           differed (`spread`), the floor under which modes do not differ. A probe is the median of
+           PROBE_REPEATS pieces: work sharing the core slows most pieces, as it slows every decode
+           token, where the fastest piece alone would pass it by. A decode step slows with the probe, so
+           a flag is the machine's, not the probe's; `ORDER` says under the table how the modes compared
+           (timed in turn, or replayed from one cost measurement).
 heap       timed decoding runs with the objects alive when it starts (the libraries, the model, the
            engine) frozen out of the garbage collector (`frozen_heap`), as serving engines freeze their
            start-up heap: a collection then walks what the timed work allocated, not the process. Without
-           it, a collection of the oldest generation walked ~390K objects (0.22-0.24 s inside one decode
-           token, twice in ~400 timed requests), and one of the middle generation the objects a new engine
-           was built from (3-4 ms, in 15-30 of 100 requests with a predictor): pauses that land on whichever
-           mode happens to allocate when they come due (docs/performance-runs.md, the 76th measurement).
+           it, a collection of the oldest generation walks every object of the process (a fraction of a
+           second, inside one decode token): a pause that lands on whichever mode happens to allocate when
+           it comes due.
 """
 from __future__ import annotations
 
 import gc
 import os
 import platform
+import statistics
 import time
 from contextlib import contextmanager
 
@@ -37,7 +41,7 @@ import torch
 
 WARM_UP_TOKENS = 8
 DRIFT = 1.2  # probes further apart than this (max / min) make TPOTs timed between them incomparable
-PROBE_REPEATS = 5
+PROBE_REPEATS = 9  # pieces of work per probe (~14 ms each on the 2-core development machine)
 
 
 def pin(threads: int) -> int:
@@ -66,25 +70,44 @@ def busy(device: str = "cpu") -> float | None:
 
 def probe(device: str = "cpu") -> float | None:
     """Milliseconds of a fixed piece of work (matrix products and a Python loop, like a decode step's mix)
-    on the pinned threads: the fastest of PROBE_REPEATS, so a single interruption does not count. None off
-    the CPU, where the timing is the device's and a CPU probe would not measure it (as `busy`)."""
+    on the pinned threads: the median of PROBE_REPEATS pieces timed one after another, so one interruption
+    does not count, while work sharing the core (which slows every decode token) slows most pieces and does.
+    None off the CPU, where the timing is the device's and a CPU probe would not measure it (as `busy`)."""
     if torch.device(device).type != "cpu":
         return None
     a = torch.ones(96, 96)
-    best = float("inf")
+    pieces = []
     for _ in range(PROBE_REPEATS):
         started = time.perf_counter()
         for _ in range(200):
             a = torch.tanh(a @ a * 1e-2)
         sum(range(100000))
-        best = min(best, time.perf_counter() - started)
-    return best * 1e3
+        pieces.append(time.perf_counter() - started)
+    return statistics.median(pieces) * 1e3
 
 
 def spread(probes: list[float]) -> float | None:
     """max / min of the probes (None without any: off the CPU)."""
     probes = [p for p in probes if p]
     return max(probes) / min(probes) if probes else None
+
+
+ORDER = {  # how a plan compares its modes' TPOTs (evalsuite eval --plan): the line under the table
+    "measure": "each mode timed over all its tasks in turn (in --modes order, resident first), not interleaved: "
+               "its TPOTs differ from another mode's by the machine's speed between them too; "
+               "evalsuite bench interleaves modes, --plan replay times them from one cost measurement",
+    "replay": "~ rows replayed from one cost measurement per model (--plan replay): their modes compare at one "
+              "machine speed, whatever order they ran in",
+}
+
+
+def order_line(rows) -> str | None:
+    """The one line under a table of TPOTs that says how its modes were compared: timed one after another
+    (measured rows), replayed from one cost measurement (rows with `replayed`), or each for its rows. None
+    without a TPOT."""
+    timed = [r for r in rows if r.get("tpot_ms") is not None]
+    plans = [plan for plan in ORDER if any(bool(r.get("replayed")) == (plan == "replay") for r in timed)]
+    return "modes compared: " + "; ".join(ORDER[plan] for plan in plans) if plans else None
 
 
 @contextmanager

@@ -39,15 +39,34 @@ def test_the_table_flags_tpots_timed_while_the_machine_changed_speed():
     assert "5.00 [4.50-6.25]!" in drifted and "m: this machine's speed changed by up to 60 %" in drifted
     assert "other:" not in drifted  # each model's rows are compared among themselves
     assert "up to 8 % (other) while" in drifted and "(m) while" not in drifted
-    assert "speed" not in format_rows([row()])  # no probes (a device's timing): nothing to say
+    assert "timing.probe" not in format_rows([row()])  # no probes (a device's timing): nothing to say
+
+
+def test_the_table_says_in_one_line_how_its_modes_were_compared():
+    measured = format_rows([row(probes=[10.0, 10.5]), row(mode="resident", probes=[10.2, 10.1])]).splitlines()
+    assert measured[-1].startswith("modes compared: each mode timed over all its tasks in turn (in --modes order, "
+                                   "resident first), not interleaved")
+    replayed = format_rows([row(replayed=True), row(mode="resident", replayed=True)]).splitlines()
+    assert replayed[-1].startswith("modes compared: ~ rows replayed from one cost measurement per model")
+    assert "in turn" not in replayed[-1]
+    both = timing.order_line([row(), row(replayed=True)])
+    assert "in turn" in both and "~ rows replayed" in both and "\n" not in both
+    assert timing.order_line([row(tpot_ms=None)]) is None and "modes compared" not in format_rows([row(tpot_ms=None)])
 
 
 def test_the_probe_times_a_fixed_piece_of_work(monkeypatch):
     assert 0 < timing.probe() < 1e3
     assert timing.probe("cuda") is None  # a device's timing is not the CPU's to vouch for
-    ticks = iter([0.0, 0.010, 1.0, 1.004, 2.0, 2.012] + [3.0, 3.02] * timing.PROBE_REPEATS)
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
-    assert timing.probe() == pytest.approx(4.0)  # the fastest repeat: one interruption does not count
+
+    def pieces(seconds):  # perf_counter around each piece of the probe
+        assert len(seconds) == timing.PROBE_REPEATS
+        ticks = iter([t for i, piece in enumerate(seconds) for t in (float(i), i + piece)])
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: next(ticks))
+
+    pieces([0.010, 0.004, 0.0041, 0.0042, 0.030, 0.0043, 0.004, 0.0044, 0.0045])
+    assert timing.probe() == pytest.approx(4.3)  # the median piece: two interruptions do not count
+    pieces([0.004] + [0.009] * (timing.PROBE_REPEATS - 1))  # the core shared with other work: most pieces slow
+    assert timing.probe() == pytest.approx(9.0)  # which the fastest piece alone would hide
     assert timing.spread([4.0, 4.4]) == pytest.approx(1.1) and timing.spread([4.0, None, 6.0]) == pytest.approx(1.5)
     assert timing.spread([None, None]) is None
 

@@ -152,8 +152,8 @@ def format_rows(rows) -> str:
     between the rows of a model), same tokens."""
     columns = ["model", "task", "metric", "mode", "predictor", Column("accuracy", align=">"), Column("recall", ".3f"),
                Column("hit rate", align=">"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
-    speeds = _speed_spreads(rows)  # model -> (drift, spread)
-    drifted = {model: drift for model, (drift, _) in speeds.items() if drift > timing.DRIFT}
+    spreads = _speed_spreads(rows)
+    drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
     lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r),
                             r["recall"], _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]]
                            for r in rows], columns)]
@@ -165,11 +165,10 @@ def format_rows(rows) -> str:
                      "predicted and prefetched, so they hit by construction, whatever the prediction's quality; its "
                      "prediction accuracy is the recall column")
     for model, ratio in drifted.items():
-        lines.append(f"! {model}: this machine ran {100 * (ratio - 1):.0f} % slower while some of these rows were timed "
-                     "than while others were (every probe around them, evalsuite.timing.drift): TPOT differences "
-                     "smaller than that are not results; compare modes with evalsuite bench (interleaved repeats) or "
-                     "--plan replay (one cost measurement)")
-    steady = [f"{100 * (spread - 1):.0f} % ({model})" for model, (_, spread) in speeds.items() if model not in drifted]
+        lines.append(f"! {model}: this machine's speed changed by up to {100 * (ratio - 1):.0f} % while these rows "
+                     "were timed (evalsuite.timing.probe): TPOT differences smaller than that are not results; "
+                     "compare modes with evalsuite bench (interleaved repeats) or --plan replay (one cost measurement)")
+    steady = [f"{100 * (ratio - 1):.0f} % ({model})" for model, ratio in spreads.items() if model not in drifted]
     if steady:  # under DRIFT the rows are not flagged, but modes a few percent apart still differ by the machine
         lines.append(f"this machine's speed varied by up to {', '.join(steady)} while each model's rows were timed "
                      "(evalsuite.timing.probe): TPOT differences between its modes smaller than that are not results")
@@ -185,15 +184,13 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
-def _speed_spreads(rows) -> dict[str, tuple[float, float]]:
-    """model -> (how much slower the machine was for certain while one of its measured rows was timed than while
-    another was, timing.drift; how far apart all the probes around them are, timing.spread)."""
+def _speed_spreads(rows) -> dict[str, float]:
+    """model -> how far apart (max / min) the probes around its measured TPOTs are (timing.spread)."""
     probes: dict[str, list] = {}
     for r in rows:
         if r.get("probes") and r.get("tpot_ms") is not None and not r.get("replayed"):
-            probes.setdefault(r["model"], []).append(r["probes"])
-    return {model: (timing.drift(p), timing.spread([x for row in p for x in row])) for model, p in probes.items()
-            if timing.drift(p) is not None}
+            probes.setdefault(r["model"], []).extend(r["probes"])
+    return {model: ratio for model, p in probes.items() if (ratio := timing.spread(p)) is not None}
 
 
 def _accuracy(row) -> str:
