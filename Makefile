@@ -31,7 +31,10 @@ FEWSHOT   ?=
 GEN_KWARGS ?=
 SEED      ?=
 CHAT_TEMPLATE ?=
-PLAN      ?=
+# On the CPU, replay: the modes' TPOTs come from one cost measurement per model, so they compare whatever the
+# machine's speed did while the grid ran (timed one after another, a shared machine's speed changes flag
+# them). Elsewhere, and with PLAN=measure, every configuration is timed through the engine.
+PLAN      ?= $(if $(filter cpu,$(DEVICE)),replay,measure)
 EVAL_ARGS = --model $(MODEL) --modes $(MODE) $(if $(PREDICTOR),--predictor '$(PREDICTOR)') \
 	$(if $(PREDICTOR_PATH),--predictor-path $(PREDICTOR_PATH)) $(if $(TASKS),--tasks $(TASKS)) \
 	--limit $(LIMIT) --cache-capacity $(CACHE) --link $(LINK) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) \

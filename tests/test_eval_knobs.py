@@ -81,3 +81,11 @@ def test_eval_errors_name_the_commands_own_flags(tmp_path):
                         (["--modes", "on-demand", "--cache-capacity", "-1"], "--cache-capacity -1")):
         done = subprocess.run(base + extra, env=ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode == 2 and flag in done.stderr and "=" not in done.stderr.split(flag)[0], done.stderr
+
+
+def test_make_eval_compares_modes_from_one_cost_measurement_where_it_can():
+    """On the CPU the main job replays its TPOTs from one cost measurement per model (order-stable); a device
+    the replay cannot measure on, or PLAN=measure, times every configuration."""
+    assert "--plan replay" in make_eval()
+    assert "--plan measure" in make_eval("DEVICE=cuda")
+    assert "--plan measure" in make_eval("PLAN=measure")
