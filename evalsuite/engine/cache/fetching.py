@@ -121,13 +121,10 @@ class ExpertFetching:
         """Share of sparse layer `layer`'s recent decode expert uses that would have missed without prefetching
         (older uses fade: MISS_RATE_MEMORY): misses, and hits on experts a prefetch brought, from a prior of one
         use that missed as often as the layer's experts are absent from the cache as it stands (with no decode use
-        yet, that share: without a prior, the first decode token's two hits on the SD card read 0, and the
-        scheduler put that layer's predictions off for the next six tokens, each a copy's stall; a prior of a miss
-        read 1 where the prefill had filled the cache, and kept a new engine's first tokens predicting online for
-        nothing: tiny-qwen3-vl-moe at a 50 % cache, gate online at 10 of its first five tokens' 20 layers, now 6).
-        Decode only: a prefill starts on a cold cache, and its misses would keep the rate high long after the cache
-        warmed (on a 32-token request at a 50 % cache, the scheduler then expected 2.6 times the missing candidates
-        there were)."""
+        yet, that share: without a prior, a first decode token's few hits read 0 and put the layer's predictions
+        off for tokens to come; a prior of a miss read 1 where the prefill had filled the cache, and kept a new
+        engine's first tokens predicting online for nothing). Decode only: a prefill starts on a cold cache, and
+        its misses would keep the rate high long after the cache warmed."""
         absent = absent_share(self.cache.resident_bits[layer], self._experts_in[layer])
         return rate_of(self._decode_tally.get(layer, (0.0, 0.0)), absent)
 

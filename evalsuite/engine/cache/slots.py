@@ -238,11 +238,9 @@ class ExpertCache:
         costs that miss. Left in place, the victim was first in eviction order, so that run's first placement
         would have evicted it unless the run was its own layer's demand loads and the router had picked it (a
         demand load never evicts an expert its layer uses); any later and it would have gone anyway. Counted
-        from zero (REGRET_PRIOR victims, none regretted), each once placed again or its window has passed. On the
-        SD card at 25 %, a 32-token request: tiny-qwen3-vl-moe (one token's experts fill the cache, so a victim is
-        often an expert the layer about to run picks again) 3 of 7-10 victims with gate, 2-5 of 12-15 with the
-        adapter and the estimator; tiny-qwen3-moe 1-2 of 53-84. (Counted, as before, only for cancelled prefetches
-        whose copy had started and only up to the pool's next placement, it learned from 3-6 victims a VL request.)"""
+        from zero (REGRET_PRIOR victims, none regretted), each once placed again or its window has passed. It is
+        high where one token's experts fill the cache (a victim is then often an expert the layer about to run
+        picks again) and low where the cache holds many tokens' experts."""
         return self.victims_regretted / (self.victims_lost + REGRET_PRIOR)
 
     def _watch(self, pool: Pool, key, prefetch: bool) -> None:

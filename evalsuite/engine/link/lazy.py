@@ -7,17 +7,15 @@ preempting a moving prefetch at the next chunk boundary, the latency folded into
 A copy's data is written into its slot when the schedule lands it, by whichever call of the
 compute thread finds it landed: a cancelled copy never writes its slot. A thread that waits for
 a copy spins until the copy's landing time (sleeping only the part of a wait beyond SPIN_S): the
-link's time is then its figure, not the wake-up of a sleep (which overshoots by ~0.1 ms on these
-machines), and the compute after a wait loses less speed. A thread that sleeps gives its core
-back, and on these VMs the compute after it ran slower: tiny-qwen3-moe on the SD card at
-25 %, on-demand's TPOT measured 3.56 resident TPOTs with waits slept and 3.48 with them spun (30
-alternating rounds; docs/performance.md, "The link"). CUDA's host thread, waiting on the device,
-spins as well by default (cudaDeviceScheduleAuto, with fewer contexts than cores).
+link's time is then its figure, not the wake-up of a sleep (which overshoots), and the compute
+after a wait loses less speed: a thread that sleeps gives its core back, and on a virtual machine
+the compute after it runs slower (docs/performance.md, "The link"). CUDA's host thread, waiting on
+the device, spins as well by default (cudaDeviceScheduleAuto, with fewer contexts than cores).
 
 Why without a thread: every wake-up of a worker thread takes the GIL from the compute thread.
-On an emulated fast link a tiny model's expert copy is shorter than those hand-offs: on ufs4 a
-196 KB copy is 0.147 ms of link time, a copy through the worker measured 0.19-0.29 ms, and the
-compute thread paid ~0.085 ms to start one (docs/performance.md, "The link"). A real link's
+On an emulated fast link a tiny model's expert copy is shorter than those hand-offs: a copy through
+the worker takes longer than its link time, and the compute thread pays to start one
+(docs/performance.md, "The link"). A real link's
 copy engine costs the compute thread none of that. The engine uses this link for an emulated
 link on the CPU when one expert is at most INLINE_MAX_BYTES, where a memory copy on the compute
 thread costs less than a hand-off; a larger expert keeps the worker, which copies beside the

@@ -37,7 +37,6 @@ class TokenKinds:
             real = attention_mask[:, -input_ids.shape[1]:].bool()
         text = (~image & real).flatten()
         # one host read a pass spares the masks' tensor calls and reads at every sparse layer of a text-only pass
-        # (they cost on-demand decoding of tiny-qwen3-vl-moe ~0.5 ms of a 6 ms token)
         return cls((image & real).flatten(), text, bool(text.all()))
 
     def masks(self, tokens: int) -> dict[str, torch.Tensor]:

@@ -2,8 +2,8 @@
 
 A prefill predicts every sparse layer from the layer before for all of its rows at once, and the router
 then routes each row: each row is one prediction scored, as a decode step's would be. A fresh engine's
-scheduler has nothing else to go on at its first decode tokens (the priors of a half sent gate's guesses
-at tiny-qwen3-vl-moe's first layer, right about a missing expert a fifth of the time), so it counts the
+scheduler has nothing else to go on at its first decode tokens (its priors of a half can send guesses that
+are right about a missing expert far less often), so it counts the
 prompt's rows as a few decode predictions (PrefetchScheduler.learn_prompt). The first sparse layer is
 predicted from each row's last, for the row after it, as a decode token predicts the next token's.
 
@@ -91,9 +91,8 @@ def prompt_rows(scores: torch.Tensor, ids: torch.Tensor, budget: int, sequences:
         if length == 0:
             continue
         # read once to the host and walked in Python: a few hundred list operations for a prompt's rows, where
-        # the same in tensor calls (a cumulative max over a rows × experts table) took 20-odd calls, ~0.25 ms at
-        # each sparse layer of a prefill (tiny-qwen3-moe, a 16-token prompt, pcie4: TTFT 1.216 → 1.174 of
-        # on-demand's with gate, 1.352 → 1.261 with the estimator)
+        # the same in tensor calls (a cumulative max over a rows × experts table) takes 20-odd calls at each
+        # sparse layer of a prefill, which TTFT pays
         start = max(0, length - PROMPT_ROWS)
         routed, ranked = own_ids.tolist(), own_scores[start:].topk(budget, dim=-1).indices.tolist()
         last: dict[int, int] = {}  # expert -> the last row that used it, of the rows walked so far

@@ -186,7 +186,7 @@ class PrefetchScheduler(WorthTest):
         where that is less (demand copies overlap the compute of the layer's other experts): the fitted slope
         (stall_per_miss), or where the misses hardly vary (every use missing, as at a 10 % cache) the layer's
         stall per expected miss with its prediction put off, stall_off over top-k · miss rate, once stall_off
-        rests on STALL_OFF_AFTER steps (ufs4, tiny-qwen3-moe at 10 %: 75-90 us a miss against t = 147 us)."""
+        rests on STALL_OFF_AFTER steps."""
         per_miss = self.stall_per_miss()
         off = self._stall_cap(layer) if per_miss is None else None
         if off is not None:
@@ -307,10 +307,9 @@ class PrefetchScheduler(WorthTest):
     def send_precision(self, layer: int) -> list[float]:
         """Per rank, the pm the send rule weighs: missing_precision, or where the prompts' rows (learn_prompt) show a
         lower share of missing candidates picked (Laplace-smoothed), the decode's counts shrunk towards that share
-        at PROMPT_WEIGHT. Only lower: where the prompt raised it (the adapter on tiny-qwen3-vl-moe's layers after
-        the first, 0.98 against a half), nothing was gained. The worth test weighs missing_precision alone: a verdict
-        to put predictions off on the prompt's word would stop the decode's scoring that corrects it (a six-token
-        prompt's rows, 0 of 8 right, held a layer at 0.3 where decode showed 0.67)."""
+        at PROMPT_WEIGHT. Only lower: where the prompt raised it, nothing was gained. The worth test weighs
+        missing_precision alone: a verdict to put predictions off on the prompt's word would stop the decode's
+        scoring that corrects it (a short prompt's few rows can hold a layer's precision far below decode's)."""
         if layer not in self._send:
             decode, prompt = self.missing_precision(layer), self.prompt.get(layer)
             if prompt is None:

@@ -15,8 +15,7 @@ worth      a prediction is made during decoding only if its candidates' expected
            online anyway, so what online predictions measure as the request runs (predict_s; pm and q,
            which a prediction put off adds to only when its request ends) stays current, or
            one in EXPLORE_EVERY² where the verdict is a sure no (the net saving under half the cost, on
-           measured precisions: exploring one in eight cost ufs4 about half a percent of TPOT where it
-           never turned the verdict); and unless no precision could make it pay (`_most_saved`: at most
+           measured precisions, where exploring rarely turns the verdict); and unless no precision could make it pay (`_most_saved`: at most
            min(budget, top-k · the layer's miss rate) candidates are right and missing, each saving at
            most min(t, lead) less what issuing it costs beyond the demand load it spares, and together at
            most stall_off), and where that is below the prediction's cost (a copy shorter than a
@@ -26,8 +25,7 @@ worth      a prediction is made during decoding only if its candidates' expected
            stall_off(l), what layer l's decode steps stalled when its prediction was put off: what
            on-demand loading stalls there, so the most any prediction can save. The rule credits a
            right, missing candidate with up to a whole copy, but a demand copy overlaps the compute of
-           the layer's experts before it, so on a fast link the stall is far less (ufs4, tiny-qwen3-moe:
-           0.1 ms a layer against 0.14-0.22 ms credited). A prediction that pays is put off one in
+           the layer's experts before it, so on a fast link the stall is far less than credited. A prediction that pays is put off one in
            EXPLORE_EVERY to measure stall_off, until stall_off is over twice what the prediction must
            save, or a floor under it is (the layer's expected demand misses' copies less a layer's
            compute: on the SD card each put-off step stalls a copy, and the floor spares them); then one
