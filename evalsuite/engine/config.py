@@ -125,8 +125,10 @@ def option(default, doc: str, rule=None, *, flag: bool = False, model_arg: bool 
 
 @dataclass(frozen=True)
 class EngineConfig:
+    """Every option of the engine, checked when made; `replace(...)` makes a changed copy, checked again."""
+
     mode: str = option("on-demand", "resident (the reference), on-demand, router-preserving, speculative, hybrid "
-                       "(evalsuite.engine.modes)", _one_of(MODES), model_arg=True)
+                       "(evalsuite.engine.modes)", _one_of(MODES))
     cache_capacity: int | float | str = option(
         0.5, "device expert slots: a count, a fraction of all experts, a size such as '512MiB', or 'all'",
         _capacity, flag=True)
