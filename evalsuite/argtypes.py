@@ -7,11 +7,10 @@ import argparse
 from . import predict  # noqa: F401  (fills the engine's predictor registry)
 from .engine.cache.eviction import POLICIES
 from .engine.modes import MODES, predictor_choice
-from .engine.config import POOLS, STORES
 from .engine.prediction import PREDICTORS
 from .engine.link.profiles import LINKS, parse_link
 
-__all__ = ["LINKS", "MODES", "POLICIES", "POOLS", "PREDICTORS", "STORES", "link", "link_list", "names_in"]
+__all__ = ["LINKS", "MODES", "POLICIES", "PREDICTORS", "link", "link_list", "names_in"]
 
 
 def _split(text: str, what: str, valid: str) -> list[str]:

@@ -186,11 +186,9 @@ class EngineConfig:
                          model_arg=False)
 
     def __post_init__(self):
+        check_options(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})  # as given
         for f in dataclasses.fields(self):
-            value, rule = getattr(self, f.name), f.metadata["rule"]
-            refused = rule(value) if rule is not None else None
-            if refused:  # the value as it was given
-                raise ValueError(f"{f.name}={value!r} {refused}")
+            value = getattr(self, f.name)
             if isinstance(value, (list, set, frozenset)):  # kept as tuples: the config is frozen and hashable
                 object.__setattr__(self, f.name, tuple(sorted(value) if isinstance(value, (set, frozenset)) else value))
         mode = MODES[self.mode]

@@ -10,8 +10,13 @@ from ..engine.config import EngineConfig
 from ..engine.modes import MODES, default_predictor
 from ..results.provenance import git_commit
 from ..predict.artifact import predictor_parameters
-from .run_options import OFFLOAD_OPTIONS, RunOptions  # noqa: F401  (RunOptions: what a Request holds)
+from .preflight import parse_gen_kwargs
+from .run_options import RunOptions
 from .runs import engine_config, file_hash
+
+
+# the engine options an eval request passes to every offloading mode besides cache and link
+OFFLOAD_OPTIONS = ("cache_policy", "cache_pools", "store")
 
 
 def model_args(model: str, mode: str, predictor: str | None, engine: EngineConfig, extra: str = "",
@@ -43,7 +48,6 @@ class Request:
     limit: int
     engine: EngineConfig
     run: RunOptions
-    lm_eval: dict  # what lm-eval's evaluate takes of `run`: num_fewshot, gen_kwargs (parsed), apply_chat_template, seed
     threads: int
     out_dir: str
     fresh: bool
@@ -51,6 +55,13 @@ class Request:
     progress: object
     extra_config: dict
     manager: object
+
+    @property
+    def lm_eval(self) -> dict:
+        """What lm-eval's evaluate takes of `run`: few-shot, generation arguments (parsed), chat template, seed."""
+        run = self.run
+        return dict(num_fewshot=run.num_fewshot, gen_kwargs=parse_gen_kwargs(run.gen_kwargs),
+                    apply_chat_template=run.apply_chat_template, seed=run.seed)
 
 
 @dataclass
@@ -91,7 +102,7 @@ def run_config(request: Request, target: Target, lm, mode: str, args: str, **ext
             **engine_config(lm.engine), "link": request.engine.link if MODES[mode].offloads else None,
             "limit": request.limit, "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.run.device,
             "batch_size": request.run.batch_size, "num_fewshot": request.run.num_fewshot,
-            "gen_kwargs": request.lm_eval["gen_kwargs"], "apply_chat_template": request.run.apply_chat_template,
+            "gen_kwargs": parse_gen_kwargs(request.run.gen_kwargs), "apply_chat_template": request.run.apply_chat_template,
             "model_fingerprint": lm.fingerprint(), "model_args": args, "tasks": list(target.tasks),
             "sandbox": target.sandbox, "git_commit": git_commit(), "evalsuite_version": __version__,
             "threads": request.threads, "machine": timing.machine(request.run.device), "engine_metrics": "measured",

@@ -9,8 +9,6 @@ from ..engine.config import EngineConfig
 SEED = 0  # every seed lm-eval takes (Python, numpy, torch, few-shot sampling), as its `--seed N` sets them
 # `evalsuite eval`'s engine unless told otherwise: EngineConfig's defaults, at a quarter of the experts
 EVAL_ENGINE = EngineConfig(cache_capacity=0.25)
-# the engine options an eval request passes to every offloading mode besides cache and link
-OFFLOAD_OPTIONS = ("cache_policy", "cache_pools", "store")
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,10 @@ LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # lm_eval's EvaluatorConfig default
 LOADER_IGNORED = ("revision", "trust_remote_code", "gpus", "max_memory_per_gpu", "max_cpu_memory", "offload_folder")
 
 
-def check_engine_args(args: dict) -> EngineConfig:
-    """The engine's configuration from its model_args, checked before any model is loaded."""
+def check_engine_args(args: dict) -> None:
+    """The engine's model_args checked as an EngineConfig, before any model is loaded."""
     try:
-        return EngineConfig(**args)
+        EngineConfig(**args)
     except ValueError as exc:
         raise ValueError(f"specmoe: {exc}") from None
 

@@ -19,7 +19,7 @@ from ..table import Column, format_table
 from ..engine.config import EngineConfig
 from ..engine.modes import MODES, REFERENCE, default_predictor
 from ..hub import is_hub_id, local_model
-from .preflight import check_eval, parse_gen_kwargs, requested_runs, task_manager, unsafe_tasks
+from .preflight import check_eval, requested_runs, task_manager, unsafe_tasks
 from .engine_metrics import add_engine_metrics
 from .request import Request, Target, load_adapter, model_args, run_config  # noqa: F401  (model_args: the adapter's)
 from .run_options import EVAL_ENGINE, SEED, RunOptions  # noqa: F401  (what run_suite takes)
@@ -71,8 +71,6 @@ def run_suite(models, modes, tasks, limit, *, engine: EngineConfig = EVAL_ENGINE
     check_eval(models, modes, tasks_of, limit, engine=engine, predictor=predictor, run=run,
                confirm_run_unsafe_code=confirm_run_unsafe_code, manager=manager, open_db=False)
     request = Request(modes=list(modes), predictor=predictor, limit=limit, engine=engine, run=run,
-                      lm_eval=dict(num_fewshot=run.num_fewshot, gen_kwargs=parse_gen_kwargs(run.gen_kwargs),
-                                   apply_chat_template=run.apply_chat_template, seed=run.seed),
                       threads=threads, out_dir=out_dir, fresh=fresh, confirm_run_unsafe_code=confirm_run_unsafe_code,
                       progress=progress, extra_config=extra_config or {}, manager=manager)
     db = ResultsDB(db_url)  # opened first: a bad URL fails before any model is loaded
