@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 
 import torch
 from tqdm import tqdm
@@ -23,8 +22,6 @@ from .table import format_table as _format_table
 
 MEMORY_ENV = "EVALSUITE_AVAILABLE_MEMORY"  # memory `generate` takes as free on the device ("2GiB"; default: measured)
 RESERVE = 0.1  # of the free memory, kept for activations and the allocator (as the expert cache's check)
-_SIZE = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 DEMO_PROMPTS = ("Natalia sold clips to 48 of her friends in April,", "def add(a, b):", "Is a whale a fish?")
 
 
@@ -77,16 +74,16 @@ def free_memory(device, available: int | str | None = None) -> int:
     CPU, free memory on a GPU: evalsuite.engine.cache.slots.free_bytes)."""
     if available is None:
         available = os.environ.get(MEMORY_ENV) or None
-    if available is None:
-        from .engine.cache.slots import free_bytes
+    from .engine.cache.slots import free_bytes, size_in_bytes
 
+    if available is None:
         return free_bytes(torch.device(device))
     if isinstance(available, int) and not isinstance(available, bool):
         return available
-    m = _SIZE.match(str(available))
-    if not m:
+    nbytes = size_in_bytes(str(available), bare_bytes=True)
+    if nbytes is None:
         raise ValueError(f"{MEMORY_ENV}={available!r}: give a size such as 2GiB or 500MB, or bytes")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
+    return nbytes
 
 
 def resident_shortfall(model, available: int | str | None = None) -> str | None:

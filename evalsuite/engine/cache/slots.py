@@ -16,9 +16,17 @@ import torch
 
 from evalsuite.engine.cache.eviction import ORDERS, POLICIES  # noqa: F401  (POLICIES: the option parsers read it here)
 
-_BYTES = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)\s*$", re.IGNORECASE)
+_BYTES = re.compile(r"^\s*([\d.]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 REGRET_PRIOR = 2  # losses victim_regret counts before any, none regretted: it starts at no cost, as before it existed
+
+
+def size_in_bytes(text: str, bare_bytes: bool = False) -> int | None:
+    """'512MiB', '2GB', '100 KiB' -> bytes; a bare number only where `bare_bytes` (it is bytes then); else None."""
+    m = _BYTES.match(text)
+    if not m or (m.group(2) is None and not bare_bytes):
+        return None
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
 
 
 def capacity_in_experts(capacity, total_experts: int, expert_bytes: int) -> int:
@@ -36,8 +44,8 @@ def capacity_in_experts(capacity, total_experts: int, expert_bytes: int) -> int:
         if not 0 < capacity <= 1:
             raise ValueError(f"cache_capacity={capacity} as a fraction must lie in (0, 1]")
         count = max(1, round(capacity * total_experts))
-    elif isinstance(capacity, str) and (m := _BYTES.match(capacity)):
-        count = int(float(m.group(1)) * _UNITS[m.group(2).lower()]) // expert_bytes
+    elif isinstance(capacity, str) and (nbytes := size_in_bytes(capacity)) is not None:
+        count = nbytes // expert_bytes
     else:
         raise ValueError(f"cache_capacity={capacity!r}: give a count of experts (int), a fraction "
                          "of all experts (float in (0, 1]), a size such as '512MiB', or 'all'")
