@@ -43,11 +43,11 @@ def predictor_groups(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not choice:
         raise argparse.ArgumentTypeError(f"{text!r} names no predictor: give a comma-separated list of "
-                                         f"{', '.join(PREDICTORS)}")
+                                         f"{PREDICTORS.shown()}")
     unknown = [name for names in choice.values() for name in names if name not in PREDICTORS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown predictor {', '.join(unknown)}: give a comma-separated list of "
-                                         f"{', '.join(PREDICTORS)}")
+                                         f"{PREDICTORS.shown()}")
     return text
 
 

@@ -29,7 +29,7 @@ def _add_engine_options(p: argparse.ArgumentParser, several_predictors: bool = F
     EngineConfig.add_arguments(p, skip=("predictor",) if several_predictors else ())
     if several_predictors:  # eval: each predicting mode runs once with each that fits it
         p.add_argument("--predictor", default=None, type=predictor_groups,
-                       help=f"comma-separated, of {', '.join(PREDICTORS)} (default: each mode's own); groups "
+                       help=f"comma-separated, of {PREDICTORS.shown()} (default: each mode's own); groups "
                        "separated by ';' may name one mode each: 'gate,quasi,adapter;speculative=gate' runs "
                        "speculative with gate alone, the other predicting modes with all three")
 

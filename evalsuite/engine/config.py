@@ -71,15 +71,15 @@ def _one_of(choices):
 
 def _predictor(v):
     # the registry is filled when evalsuite.predict loads
-    return None if v is None or v in PREDICTORS else f"is not one of: {', '.join(PREDICTORS)}"
+    return None if v is None or v in PREDICTORS else f"is not one of: {PREDICTORS.shown()}"
 
 
 _predictor.choices = lambda: PREDICTORS
 
 
 def _predictors(v):
-    fits = [n for n in PREDICTORS if n not in NOT_SHADOWS]
-    ok = isinstance(v, (list, tuple)) and all(n in fits for n in v)
+    ok = isinstance(v, (list, tuple)) and all(n in PREDICTORS and n not in NOT_SHADOWS for n in v)
+    fits = [n for n in PREDICTORS if n not in NOT_SHADOWS] + list(PREDICTORS.families)
     return None if ok else "must be a list of predictors among: " + ", ".join(fits)
 
 
@@ -145,10 +145,14 @@ class EngineConfig:
     device: str | None = option(None, "where the non-expert weights and the expert cache go (default: where the "
                                 "non-expert weights are)", _device, model_arg=False)
     predictor: str | None = option(None, "gate, quasi, adapter, adapter-shared, estimator, frequency, oracle, "
-                                   "trace-oracle, hybrid (default: the mode's own; in resident it only measures "
-                                   "recall)", _predictor, flag=True)
+                                   "trace-oracle, hybrid, or a controlled-recall recall-R[-near][-early|-middle|-late] "
+                                   "(default: the mode's own; in resident it only measures recall)", _predictor,
+                                   flag=True)
     predictor_path: str | None = option(None, "the predictor's calibration artifact (evalsuite calibrate; default: "
                                         "the model's own predictor.safetensors)", flag=True)
+    recall_seed: int = option(0, "the seed of a controlled-recall predictor's errors (recall-R)",
+                              lambda v: None if _is_whole(v, 0) else "must be a whole number of at least 0",
+                              flag=True)
     horizon: int = option(1, "sparse layers ahead a prediction targets (speculation: 1)",
                           lambda v: None if _is_whole(v, 1) else "must be a whole number of at least 1 "
                           "(sparse layers ahead)")
@@ -200,6 +204,26 @@ class EngineConfig:
                              f"{', '.join(names_where(predicts=True))}")
         if mode.speculates and self.horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
+        self._check_at_target(mode)
+
+    def _check_at_target(self, mode) -> None:
+        """A controlled-recall predictor proposes a layer's experts from that layer's own routing: it can only be
+        executed, in a speculating mode, by rows of its own (not beside predictors that predict ahead), and
+        scored as the shadow of the rows that execute it."""
+        executed = [n for n in (self.predictor, *self.row_predictors) if n is not None]
+        at_target = [n for n in executed if PREDICTORS[n].at_target]
+        speculating = " or ".join(names_where(speculates=True))
+        if at_target and not mode.speculates:
+            raise ValueError(f"predictor {at_target[0]!r} reads each layer's own routing, so it can only be executed: "
+                             f"use mode {speculating}")
+        ahead = [n for n in self.row_predictors if not PREDICTORS[n].at_target]
+        if at_target and ahead:
+            raise ValueError(f"row_predictors: {at_target[0]!r} reads each layer's own routing and {ahead[0]!r} "
+                             "predicts a layer ahead; run them in separate passes")
+        alone = [n for n in self.shadows if PREDICTORS[n].at_target and n not in executed]
+        if alone:
+            raise ValueError(f"shadows: {alone[0]!r} reads each layer's own routing, so it is scored only beside the "
+                             f"rows that execute it: give it as predictor or row_predictors too (mode {speculating})")
 
     def replace(self, **changes) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -161,7 +161,7 @@ class Engine(ExpertFetching):
         if path is not None:
             artifact = kind.load(path, self.model, self.layers)
         return kind.build(name, self.layers, self.family, artifact, horizon, c.drift_layers, c.drift_threshold,
-                          self.device)
+                          self.device, seed=c.recall_seed)
 
     def routing_trace(self):
         """The RoutingTrace recorded so far (offload(..., trace=True))."""

@@ -38,7 +38,7 @@ from .. import timing
 from ..engine.cache.slots import capacity_in_experts
 from ..engine.metrics import scores_summary, summarise
 from ..engine.modes import MODES, REFERENCE
-from ..engine.prediction import artifact_beside
+from ..engine.prediction import PREDICTORS, artifact_beside
 from ..engine.link.profiles import parse_link
 from ..perf.replay import replayed_sequences
 from ..predict import Artifact
@@ -80,18 +80,24 @@ def plan_passes(modes, predictor, row_groups: bool = True) -> list[Pass]:
         shadows = list(dict.fromkeys(chosen for _, chosen in exact if chosen))
         passes.append(Pass(REFERENCE, None, shadows, exact))
     speculative = [(mode, chosen) for mode, chosen in runs if MODES[mode].speculates]
-    together = [chosen for mode, chosen in speculative if mode == "speculative" and row_independent(chosen)]
-    merged = [("speculative", chosen) for chosen in together] if len(together) > 1 and row_groups else []
-    if merged:
-        passes.append(Pass("speculative", together[0], together, merged, tuple(together)))
+    merged = []
+    for at_target in (False, True):  # predictors that predict ahead, and controlled-recall ones: a pass each
+        together = [chosen for mode, chosen in speculative if mode == "speculative" and row_independent(chosen)
+                    and PREDICTORS[chosen].at_target == at_target]
+        if len(together) > 1 and row_groups:
+            merged += [("speculative", chosen) for chosen in together]
+            passes.append(Pass("speculative", together[0], together, [("speculative", c) for c in together],
+                               tuple(together)))
     return passes + [Pass(mode, chosen, [chosen], [(mode, chosen)]) for mode, chosen in speculative
                      if (mode, chosen) not in merged]
 
 
 def row_independent(predictor: str) -> bool:
     """Whether the predictor scores each token from that token's own states alone, so rows executing
-    other predictors can share its batch (not the oracles, which replay a recorded pass, nor hybrid)."""
-    return predictor in PREDICTOR_CLASSES and PREDICTOR_CLASSES[predictor].stateless
+    other predictors can share its batch (not the oracles, which replay a recorded pass, nor hybrid); a
+    controlled-recall predictor draws its errors for its own rows alone."""
+    return PREDICTORS[predictor].at_target or (predictor in PREDICTOR_CLASSES
+                                                and PREDICTOR_CLASSES[predictor].stateless)
 
 
 def describe(passes: list[Pass], target, request) -> str:
@@ -145,7 +151,8 @@ def run_plan(db, request, target) -> list[dict]:
                 missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
                 if missing:
                     if costs is None:
-                        costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows])
+                        costs = measured_costs(lm, target, request, [chosen for q in passes for chosen in q.shadows
+                                                                     if not PREDICTORS[chosen].at_target])
                     timing.warm_up(lm.model, target.tokenizer, lm.engine, rows=len(p.row_predictors) or 1)
                     if index == 0:
                         request.progress(estimate(lm, target, request, passes, missing))

@@ -66,11 +66,23 @@ def check_predictor(modes, predictor) -> None:
     for name in predictor_names(predictor):
         check_options(predictor=name)
     for mode, names in choice.items():
+        _check_at_target(names, [mode] if mode is not None else
+                         [m for m in modes if m not in choice and MODES[m].predicts and not MODES[m].own_predictor])
+    for mode, names in choice.items():
         if mode is not None:
             _check_mode_group(mode, names, modes)
     names = choice.get(None)
     if names:
         _check_common_group(names, [mode for mode in modes if mode not in choice])
+
+
+def _check_at_target(names: list[str], modes) -> None:
+    """A controlled-recall predictor (it reads each layer's own routing) only for modes that execute predictions."""
+    at_target = [name for name in names if PREDICTORS[name].at_target]
+    exact = [mode for mode in modes if not MODES[mode].speculates]
+    if at_target and exact:
+        raise ValueError(f"--predictor: {at_target[0]} reads each layer's own routing, so it can only be executed, "
+                         f"not by {exact[0]}; give it to speculative alone: --predictor 'speculative={at_target[0]}'")
 
 
 def _check_mode_group(mode: str, names: list[str], modes) -> None:

@@ -3,19 +3,25 @@ from __future__ import annotations
 
 import functools
 
-from ..engine.prediction import register_predictor
+from ..engine.prediction import register_predictor, register_predictor_family
 from ..engine.trace import RoutingTrace
 from .artifact import Artifact, ArtifactError, fingerprint
+from .controlled import NAME as RECALL_NAME, SHOWN as RECALL_SHOWN, ControlledRecallPredictor
 from .predictors import NEEDS_ARTIFACT, PREDICTORS, HybridPredictor, LayerState, Predictor
 
 PREDICTOR_NAMES = tuple(PREDICTORS) + ("hybrid",)
 
 
 def build_predictor(name: str, layers, family, artifact: Artifact | None = None, horizon: int = 1,
-                    drift_layers=None, drift_threshold: float = 0.6, device=None) -> Predictor:
+                    drift_layers=None, drift_threshold: float = 0.6, device=None, seed: int = 0) -> Predictor:
     """A predictor by name; `hybrid` picks its high-drift layers from the artifact's calibration
     recall of the quasi predictor (below `drift_threshold`) unless `drift_layers` are given. An
-    artifact is moved to `device` (where the engine computes)."""
+    artifact is moved to `device` (where the engine computes). `seed`: a controlled-recall predictor's
+    (recall-R, evalsuite.predict.controlled)."""
+    if RECALL_NAME.fullmatch(name):
+        if horizon != 1:
+            raise ValueError(f"predictor {name!r} is executed at the layer it predicts: horizon must be 1")
+        return ControlledRecallPredictor(layers, family, name, seed)
     if isinstance(artifact, Artifact) and device is not None:
         artifact = artifact.to(device)
     if name not in PREDICTOR_NAMES:
@@ -51,5 +57,8 @@ def load_artifact(name: str, path, model, layers):
 for _name in PREDICTOR_NAMES:  # the engine builds predictors by name through its registry
     register_predictor(_name, build_predictor, functools.partial(load_artifact, _name),
                        needs_artifact=_name in NEEDS_ARTIFACT)
+# controlled-recall instruments (evalsuite.predict.controlled): named by their parameters, executed where they predict
+register_predictor_family(RECALL_SHOWN, RECALL_NAME.pattern, build_predictor, lambda path, model, layers: None,
+                          at_target=True)
 
 __all__ = ["Artifact", "ArtifactError", "LayerState", "Predictor", "PREDICTOR_NAMES", "build_predictor", "fingerprint"]

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.pass_state.layer_state import LayerState  # noqa: F401  (what predictors read; calibrate builds them)
+from ..engine.prediction.registry import ranked_scores
 from ..engine.prediction.scheduler import ranked
 from ..engine.pass_state.input_taps import untapped
 
@@ -275,11 +276,8 @@ class OraclePredictor(Predictor):
         self.trace: dict[int, torch.Tensor] = {}  # position -> [T, K] ids, filled by the look-ahead pass
 
     def scores(self, state, h):
-        ids = self.trace[state.pos + h]
-        k = ids.shape[1]  # scores K, K-1, ... keep the router's own order under top-k
-        ranks = torch.arange(k, 0, -1, dtype=torch.float32, device=ids.device).expand(ids.shape[0], -1)
-        scores = torch.zeros(ids.shape[0], self.layers[state.pos + h].num_experts, device=ids.device)
-        return scores.scatter(1, ids, ranks)
+        # scores K, K-1, ... keep the router's own order under top-k
+        return ranked_scores(self.trace[state.pos + h], self.layers[state.pos + h].num_experts)
 
     def next_token_scores(self, x):
         return None  # the look-ahead pass sees this forward pass only, not the next token's

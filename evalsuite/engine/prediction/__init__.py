@@ -11,6 +11,8 @@ shadows.py           predictors scored beside a run without acting on it
 row_groups.py        several predictors in one batched generation, one per group of rows
 """
 from evalsuite.engine.prediction.registry import (ARTIFACT_FILE, PREDICTORS, PredictorKind, artifact_beside,
-                                                  experts_in, register_predictor)
+                                                  experts_in, ranked_scores, register_predictor,
+                                                  register_predictor_family)
 
-__all__ = ["ARTIFACT_FILE", "PREDICTORS", "PredictorKind", "artifact_beside", "experts_in", "register_predictor"]
+__all__ = ["ARTIFACT_FILE", "PREDICTORS", "PredictorKind", "artifact_beside", "experts_in", "ranked_scores",
+           "register_predictor", "register_predictor_family"]

@@ -65,6 +65,9 @@ class PredictionDriver:
         self.prompt_rows = False  # whether the running prefill's rows are scored
         self.prompt_first = None  # the running prefill's first sparse layer's routing (_score_prompt_first)
         self.speculating = MODES[mode].speculates
+        # a controlled-recall instrument (evalsuite.predict.controlled) proposes each speculating layer's experts from
+        # that layer's own routing, at its router, and predicts nothing ahead (EngineConfig admits it where it speculates)
+        self.at_target = getattr(predictor, "at_target", False)
         self.may_put_off_tokens = self.may_wait and not self.speculating  # (see _start_quiet)
         if scheduler is not None:
             scheduler.quiet_possible = self.may_put_off_tokens  # (what an online prediction rules out: online_cost_s)
@@ -158,6 +161,11 @@ class PredictionDriver:
                                 and ((scheduler is not None and engine.cache is not None) or engine.tracer is not None))
             self.prompt_first = ids if self.prompt_rows else None
         predicted = self.pending.pop(pos, None)  # (scores, ranked candidates) or a PutOffPrediction, made one layer earlier
+        if self.at_target:  # an instrument that proposes from this layer's own routing, where the layer speculates
+            predicted = None
+            if self.speculates(pos):
+                scores = self.predictor.proposed(pos, router, logits, ids)
+                predicted = (scores, self.rank(scores, engine.budget))
         layer = self.layer_of[pos]
         chosen = None
         if scheduler is not None:
@@ -188,7 +196,7 @@ class PredictionDriver:
             engine.settle_prefetches(layer, experts_in(ids) if chosen is None else chosen)
             begun += time.perf_counter() - settling
         target = self.target_of[pos]
-        if target is None:
+        if target is None or self.at_target:  # (an at-target instrument predicts nothing ahead)
             return replaced
         if target > 0:
             score = self._score_ahead

@@ -19,7 +19,8 @@ class RowGroups:
         self.name = "+".join(p.name for p in predictors)
         self.reads = tuple(dict.fromkeys(r for p in predictors for r in p.reads))
         self.horizons = tuple(h for h in predictors[0].horizons if all(h in p.horizons for p in predictors))
-        self.stateless = True
+        self.stateless = all(p.stateless for p in predictors)
+        self.at_target = all(getattr(p, "at_target", False) for p in predictors)  # (EngineConfig: all or none)
 
     def _groups(self, t: torch.Tensor | None) -> list:
         """[rows * tokens, ...] -> each group's [rows / groups * tokens, ...] (rows come first)."""
@@ -33,6 +34,11 @@ class RowGroups:
         parts = zip(self.predictors, self._groups(state.x), self._groups(state.residual), self._groups(state.ids),
                     self._groups(state.weights))
         return torch.cat([p.scores(LayerState(state.pos, x, r, i, w), h) for p, x, r, i, w in parts])
+
+    def proposed(self, pos: int, router, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Each group's at-target proposal (evalsuite.predict.controlled) from its own rows' routing."""
+        return torch.cat([p.proposed(pos, router, part_logits, part_ids) for p, part_logits, part_ids
+                          in zip(self.predictors, self._groups(logits), self._groups(ids))])
 
     def next_token_scores(self, x: torch.Tensor) -> torch.Tensor | None:
         scores = [p.next_token_scores(part) for p, part in zip(self.predictors, self._groups(x))]

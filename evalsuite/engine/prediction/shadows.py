@@ -31,6 +31,7 @@ from evalsuite.engine.metrics import add_samples
 from evalsuite.engine.prediction.request_recall import per_token_scores, row_means, scored_as, step_rows
 from evalsuite.engine.prediction.prompt_precision import PromptRows, prompt_rows
 from evalsuite.engine.pass_state.input_taps import tap_input
+from evalsuite.engine.prediction.registry import ranked_scores
 from evalsuite.engine.trace import LayerRouting, RoutingTrace
 
 
@@ -132,6 +133,11 @@ class ShadowPredictions:
         state = LayerState(pos, x, self.residual.get(pos), ids, weights)
         with torch.no_grad():
             for name, predictor in self.predictors.items():
+                if getattr(predictor, "at_target", False):  # its proposal for this layer is what its rows executed
+                    driver = self.engine.driver
+                    if decoding and driver is not None and driver.speculates(pos):
+                        request.steps[-1].scores[name][pos] = ranked_scores(ids, self.engine.layers[pos].num_experts)
+                    continue
                 if last and not decoding:  # a prefill predicts no next token, but its rows score that (as the driver)
                     if predictor.stateless and request.first_ids is not None:
                         scores = predictor.next_token_scores(x)
