@@ -181,19 +181,24 @@ def as_flags(message: str) -> str:
     return re.sub(rf"\b({names})=", lambda m: "--" + m.group(1).replace("_", "-") + " ", message)
 
 
-def cmd_eval(args) -> int:
-    try:
-        return _eval(args)
-    except (ValueError, FileNotFoundError) as exc:
-        raise type(exc)(as_flags(str(exc))) from None
+def _flags_in_errors(command):
+    """`command` with an engine option in its errors spelled as the command's flag (as_flags)."""
+    def run(args) -> int:
+        try:
+            return command(args)
+        except (ValueError, FileNotFoundError) as exc:
+            raise type(exc)(as_flags(str(exc))) from None
+    return run
 
 
-def _eval(args) -> int:
+def _suite_inputs(args):
+    """(models, tasks, engine, run) of `evalsuite eval` and `recall-curve`, from their shared flags; the sandbox
+    and data directory they name are set for the scorers."""
     import os
 
     from .engine.config import EngineConfig
-    from .lm.preflight import check_eval, split_names
-    from .lm.suite import RunOptions, format_rows, run_suite
+    from .lm.preflight import split_names
+    from .lm.suite import RunOptions
 
     models = split_names(args.model, "--model") if args.model is not None else default_models()
     _use_sandbox(args)
@@ -203,11 +208,22 @@ def _eval(args) -> int:
         tasks = split_names(args.tasks, "--tasks")
     else:
         tasks = {model: default_tasks(model) for model in models}
-    modes = args.modes  # a list: checked by its type (evalsuite.argtypes)
-    # the whole request is checked before run_suite loads the first model or stores anything
     engine = EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
                              if f.metadata["flag"] and f.name != "predictor"})
     run = RunOptions(**{name: getattr(args, name) for name in RUN_FLAGS})
+    return models, tasks, engine, run
+
+
+@_flags_in_errors
+def cmd_eval(args) -> int:
+    import os
+
+    from .lm.preflight import check_eval
+    from .lm.suite import format_rows, run_suite
+
+    models, tasks, engine, run = _suite_inputs(args)
+    modes = args.modes  # a list: checked by its type (evalsuite.argtypes)
+    # the whole request is checked before run_suite loads the first model or stores anything
     check_eval(models, modes, tasks, args.limit, engine=engine, predictor=args.predictor, run=run, db_url=args.db,
                confirm_run_unsafe_code=args.confirm_run_unsafe_code)
     rows = run_suite(models, modes, tasks, args.limit, engine=engine, predictor=args.predictor, run=run,
@@ -217,6 +233,33 @@ def _eval(args) -> int:
     if args.tasks is None and not os.environ.get("EVALSUITE_DATA_DIR"):
         print("the real benchmarks (GSM8k, StrategyQA; MATH-Vision for a vision-language model) were skipped: no data "
               "directory; pass --data-dir DIR (make eval DATA_DIR=DIR; by default ../shared/data beside the checkout)")
+    return 0
+
+
+@_flags_in_errors
+def cmd_recall_curve(args) -> int:
+    from .lm.preflight import split_names
+    from .sweep.recall_curve import CurveGrid, run_recall_curve
+
+    def listed(text, flag):
+        return tuple(split_names(text, flag))
+
+    try:
+        levels = tuple(float(v) for v in listed(args.levels, "--levels"))
+        range_levels = tuple(float(v) for v in listed(args.range_levels, "--range-levels"))
+    except ValueError:
+        raise ValueError(f"--levels and --range-levels take numbers in [0, 1], e.g. --levels 1.0,0.9,0.8 (got "
+                         f"{args.levels!r}, {args.range_levels!r})") from None
+    grid = CurveGrid(levels, listed(args.errors, "--errors"), listed(args.layers, "--layers"), range_levels,
+                     listed(args.real, "--real") if args.real else (), not args.no_hybrid)
+    models, tasks, engine, run = _suite_inputs(args)
+    report, wall_s = run_recall_curve(models, tasks, args.limit, grid, engine=engine, run=run, db_url=args.db,
+                                      out_dir=args.out, plot_dir=args.plots,
+                                      confirm_run_unsafe_code=args.confirm_run_unsafe_code, fresh=args.fresh,
+                                      threads=args.threads)
+    print(report)
+    print(f"recall-curve: {len(grid.controlled())} controlled and {len(grid.real) + grid.hybrid} real configurations "
+          f"per model and task in {wall_s:.0f} s (replay plan: batched passes, row groups per predictor)")
     return 0
 
 
@@ -282,7 +325,9 @@ def cmd_train_tiny(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .argtypes import MODES, names_in
+    from .engine.config import EngineConfig
     from .lm.run_options import EVAL_ENGINE
+    from .sweep.recall_curve import LEVELS, REAL_PREDICTORS
     from .predict.calibrate import HELDOUT, QUASI_SHARED_EXPERTS, TRAINED
 
     modes = names_in(MODES, "mode")
@@ -356,6 +401,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "configuration replayed (docs/whole-benchmarks.md)")
     # eval's engine (EVAL_ENGINE) under the flags; no predictor: each mode runs its own
     e.set_defaults(run=cmd_eval, cache_capacity=EVAL_ENGINE.cache_capacity)
+
+    r = sub.add_parser("recall-curve", help="accuracy as a function of recall: speculation with controlled-recall "
+                                            "predictors and the real ones, one report and plot per model")
+    r.add_argument("--model", help="comma-separated model directories (default: the shipped tiny models)")
+    r.add_argument("--tasks", help="comma-separated lm-eval tasks (default: the project's own, plus benchmarks "
+                                   "when a data directory is given)")
+    r.add_argument("--limit", type=int, default=64, help="documents per task")
+    r.add_argument("--levels", default=",".join(map(str, LEVELS)), help="recall levels of the curve")
+    r.add_argument("--errors", default="uniform,near", help="error models: uniform (any unselected expert), near "
+                                                            "(the router's next-ranked experts)")
+    r.add_argument("--layers", default="all", help="layer ranges: all, early, middle, late (a confined range "
+                                                   "runs at --range-levels)")
+    r.add_argument("--range-levels", default="0.5", help="recall levels of the confined layer ranges")
+    r.add_argument("--real", default=",".join(REAL_PREDICTORS),
+                   help="real predictors executed speculatively beside the curve ('' for none)")
+    r.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid mode")
+    r.add_argument("--plots", default="results/recall-curve", help="folder for the plots (one PNG per model)")
+    r.add_argument("--data-dir", help="offline benchmark data laid out like shared/data (sets EVALSUITE_DATA_DIR)")
+    r.add_argument("--db", help="results database URL (default: EVALSUITE_DB or sqlite:///results/results.db)")
+    r.add_argument("--out", default="results", help="folder for lm-eval's JSON results")
+    r.add_argument("--fresh", action="store_true", help="start new runs even where stored ones match")
+    r.add_argument("--confirm-run-unsafe-code", action="store_true",
+                   help="allow scoring generated code (in the sandbox): needed by code tasks")
+    _add_sandbox_option(r)
+    EngineConfig.add_arguments(r, skip=("predictor",))  # the grid names the predictors
+    _add_run_options(r)
+    r.set_defaults(run=cmd_recall_curve, cache_capacity=EVAL_ENGINE.cache_capacity, batch_size=16)
 
     w = sub.add_parser("sweep", help="a grid of models x modes x predictors x caches x links x seeds (YAML), "
                                      "here or on Ray; skips cells already stored")

@@ -54,7 +54,8 @@ SLOW_TESTS = {
         "test_cli_errors_are_one_line_with_exit_code_2",  # subprocesses (15 s)
         "test_cli_generate_table",  # a generation under every mode (8 s)
     },
-    "test_tiny_vl": {"test_specmoe_vlm_answers_exactly_as_hf_multimodal"},  # two lm-eval runs (55 s)
+    "test_tiny_vl": {"test_specmoe_vlm_answers_exactly_as_hf_multimodal"},
+    "test_recall_curve_cli": {"test_a_small_curve_is_stored_and_reported"},  # an evalsuite eval plan (45 s)  # two lm-eval runs (55 s)
     "test_benchmark_scorers": {"test_every_humaneval_canonical_solution_passes_and_wrong_ones_fail"},  # 30 s
     "test_code_verdicts": {  # many sandboxed programs (35 s)
         "test_patching_what_the_tests_use_or_reading_the_answers_scores_zero",

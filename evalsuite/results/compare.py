@@ -56,7 +56,7 @@ def bootstrap_ci(scores_a, scores_b, rounds: int = BOOTSTRAP_ROUNDS, level: floa
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def _paired_test(a: np.ndarray, b: np.ndarray) -> tuple[str, float, int, int]:
+def paired_test(a: np.ndarray, b: np.ndarray) -> tuple[str, float, int, int]:
     if np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all():
         only_a, only_b, p = mcnemar_exact(a == 1.0, b == 1.0)
         return "mcnemar-exact", p, only_a, only_b
@@ -74,7 +74,7 @@ def _sample_rows(samples_a: pd.DataFrame, samples_b: pd.DataFrame) -> list[dict]
     rows = []
     for (task, metric, filter_name), group in paired.groupby(["task", "metric", "filter"], sort=True):
         sa, sb = group["score_a"].to_numpy(float), group["score_b"].to_numpy(float)
-        test, p, worse, better = _paired_test(sa, sb)
+        test, p, worse, better = paired_test(sa, sb)
         low, high = bootstrap_ci(sa, sb)
         rows.append({"task": task, "metric": metric, "filter": filter_name, "n": len(group),
                      "value_a": sa.mean(), "value_b": sb.mean(), "delta": sb.mean() - sa.mean(),
