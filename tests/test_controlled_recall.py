@@ -116,3 +116,12 @@ def test_the_plan_generates_controlled_levels_in_a_pass_of_their_own():
     passes = plan_passes(["resident", "speculative"], "speculative=recall-1.0,recall-0.8,recall-0.5,gate,quasi")
     assert [p.label for p in passes] == ["resident", "speculative/gate+quasi",
                                          "speculative/recall-1.0+recall-0.8+recall-0.5"]
+
+
+def test_no_token_loses_more_than_the_level_implies():
+    # K = 2 at recall 0.6: 0.8 experts per token on average, so each token loses one expert or none, never both
+    for pos, steps in executed_with_logits("qwen3_moe", "recall-0.6").items():
+        for logits, executed in steps:
+            native = logits.topk(2, dim=-1).indices
+            kept = (executed[:, :, None] == native[:, None, :]).any(-1).sum(-1)
+            assert (kept >= 1).all() and (pos == 0 or (kept == 1).any())

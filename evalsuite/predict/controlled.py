@@ -1,8 +1,9 @@
 """Controlled-recall predictors: an instrument for "what recall does a task need before speculation is free?".
 
 `recall-R` proposes, at every layer a decode token speculates, the router's own top-K with a seeded share of it
-replaced, so that recall@K over the run is R: the replacements are dithered (a running debt of experts owed,
-rounded at random) so the whole run misses by less than one expert. It reads the layer's own routing, so it
+replaced, so that recall@K over the run is R: each token loses floor(K(1-R)) of its experts or one more, the one
+more drawn at random but likelier the more the run owes, so the whole run misses its target by less than one
+expert. It reads the layer's own routing, so it
 predicts nothing ahead: it can only be executed (mode speculative), never prefetched. `recall-1.0` executes the
 router's own choice in its own order, so it gives the unmodified model's tokens exactly.
 
@@ -70,7 +71,7 @@ class ControlledRecallPredictor(Predictor):
             raise ValueError(f"predictor {name!r}: none of this model's {len(layers) - 1} speculated layers is in the "
                              f"{self.range} third; use another range, or none")
         self.generator = torch.Generator().manual_seed(seed)
-        self.owed = 0.0  # experts owed to the target: replaced so far minus (1 - R) x slots so far
+        self.owed = 0.0  # experts owed to the target: (1 - R) x slots so far minus those replaced
         self.replaced = self.slots = 0  # over the predictor's life (what the test of the dithering reads)
 
     def scores(self, state, h):
@@ -89,11 +90,14 @@ class ControlledRecallPredictor(Predictor):
         ranking = None
         if self.errors == "near":  # every expert of every row, best first by the router's own selection rule
             ranking = self.family.selection_scores(router, logits).argsort(dim=-1, descending=True).tolist()
+        share = k * (1 - self.recall)  # experts to replace per token, on average
+        fewest = math.floor(share)
         draws = torch.rand(len(chosen), generator=self.generator).tolist()
         for row, (selected, u) in enumerate(zip(chosen, draws)):
-            want = self.owed + k * (1 - self.recall)
-            n = min(k, max(0, math.floor(want + u)))
-            self.owed = want - n
+            # floor(share) or one more, the one more more likely the more is owed: the run's total stays within one
+            # expert of its target, and no token loses more of its choice than the level implies
+            n = min(k, fewest + (u < share - fewest + self.owed))
+            self.owed += share - n
             self.slots += k
             self.replaced += n
             if n:

@@ -453,7 +453,7 @@ def _points_table(part: pd.DataFrame) -> str:
     columns = [Column("run", "d"), Column("predictor", max_width=24), "mode", Column("R", "g"), "errors", "layers",
                Column("recall@K", ".3f"), Column("n", "d"), Column("accuracy", ".3f"), Column("delta pts", "+.1f"),
                "95% CI pts", Column("p", ".3g")]
-    cells = [[r.run_id, r.predictor, r.mode, r.level, r.errors, r.layers, r.recall, r.n, r.accuracy, r.delta * 100,
+    cells = [[r.run_id, r.predictor, r.mode, r.level, r.errors, r.layers, r.recall, r.n, r.accuracy, r.delta * 100 + 0.0,
               _ci(r.ci_low, r.ci_high), r.p_value] for r in part.itertuples(index=False)]
     return format_table(cells, columns, indent="  ")
 
@@ -509,7 +509,7 @@ def format_recall_report(points: pd.DataFrame, trends: pd.DataFrame, needed: pd.
         columns = ["model", "task", "errors", Column("R", "g"), "layers", Column("run", "d"), Column("recall@K", ".3f"),
                    Column("n", "d"), Column("accuracy", ".3f"), Column("drop pts", "+.1f"), "95% CI pts",
                    Column("p", ".3g")]
-        cells = [[r.model, r.task, r.errors, r.level, r.layers, r.run_id, r.recall, r.n, r.accuracy, r.drop * 100,
+        cells = [[r.model, r.task, r.errors, r.level, r.layers, r.run_id, r.recall, r.n, r.accuracy, r.drop * 100 + 0.0,
                   _ci(r.drop_low, r.drop_high), r.p_value] for r in hurt.itertuples(index=False)]
         lines.append(format_table(cells, columns))
     lines += [f"note: {n}" for n in points.attrs.get("notes", [])]
