@@ -72,13 +72,14 @@ def _use_sandbox(args) -> None:
 
 def cmd_generate(args) -> int:
     from .engine.modes import MODES
-    from .generate import DEMO_PROMPTS, compare_modes, format_table, load_model
+    from .generate import DEMO_PROMPTS, check_modes, compare_modes, format_table, load_model
 
+    options = dict(cache_capacity=args.cache_capacity, cache_policy=args.cache_policy, cache_pools=args.cache_pools,
+                   link=args.link, store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
+    check_modes(args.modes, **options)  # before the model loads
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.store)
     rows = compare_modes(model, tokenizer, args.modes, prompts=args.prompt or DEMO_PROMPTS,
-                         max_new_tokens=args.max_new_tokens, cache_capacity=args.cache_capacity,
-                         cache_policy=args.cache_policy, cache_pools=args.cache_pools, link=args.link,
-                         store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
+                         max_new_tokens=args.max_new_tokens, **options)
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,7 @@ import os
 import torch
 from tqdm import tqdm
 
-from .engine import offload
+from .engine import EngineConfig, offload
 from .engine.metrics import token_divergence
 from .engine.modes import REFERENCE, mode_named
 from .table import Column
@@ -111,6 +111,23 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def mode_options(mode: str, engine_options: dict) -> dict:
+    """The engine options mode `mode` runs with in compare_modes: none for resident, no predictor where it predicts
+    nothing."""
+    kind = mode_named(mode)
+    options = dict(engine_options) if kind.offloads else {}
+    if not kind.predicts:  # an offloading mode that does not predict refuses a predictor
+        options.pop("predictor", None), options.pop("predictor_path", None)
+    return options
+
+
+def check_modes(modes, **engine_options) -> None:
+    """Every mode's engine configuration, checked before a model loads (a bad pairing is one line, not a failure
+    after the first modes ran)."""
+    for mode in modes:
+        EngineConfig(mode=mode, **mode_options(mode, engine_options))
+
+
 def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=16, available_memory=None,
                   **engine_options):
     """Run every prompt (batch 1, greedy) under resident, then under each other mode; one result row per mode,
@@ -126,12 +143,10 @@ def compare_modes(model, tokenizer, modes, prompts=DEMO_PROMPTS, max_new_tokens=
         raise ValueError(f"--modes {REFERENCE} needs every expert in memory: {missing}; leave it out to run the "
                          "other modes without a reference")
     ordered = offloading if missing else [REFERENCE] + offloading
+    check_modes(ordered, **engine_options)
     for mode in tqdm(ordered, desc="modes", disable=len(ordered) < 2):
         run = copy.deepcopy(model)
-        options = dict(engine_options) if kinds[mode].offloads else {}
-        if not kinds[mode].predicts:  # an offloading mode that does not predict refuses a predictor
-            options.pop("predictor", None), options.pop("predictor_path", None)
-        with offload(run, mode=mode, **options) as engine, torch.no_grad():
+        with offload(run, mode=mode, **mode_options(mode, engine_options)) as engine, torch.no_grad():
             outputs = [run.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                     pad_token_id=0) for ids, mask in inputs]
             stats = engine.stats()

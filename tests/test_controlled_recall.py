@@ -125,3 +125,14 @@ def test_no_token_loses_more_than_the_level_implies():
             native = logits.topk(2, dim=-1).indices
             kept = (executed[:, :, None] == native[:, None, :]).any(-1).sum(-1)
             assert (kept >= 1).all() and (pos == 0 or (kept == 1).any())
+
+
+def test_generate_refuses_it_for_an_exact_mode_before_the_model_loads(monkeypatch, capsys):
+    from evalsuite import generate
+    from evalsuite.cli import main
+
+    monkeypatch.setattr(generate, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    code = main(["generate", "--model", "models/tiny-qwen3-moe", "--modes", "speculative,router-preserving",
+                 "--predictor", "recall-0.8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "can only be executed" in err[0]

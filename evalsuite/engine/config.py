@@ -261,8 +261,8 @@ class EngineConfig:
             if not f.metadata["flag"] or f.name in skip:
                 continue
             rule, flag = f.metadata["rule"], "--" + f.name.replace("_", "-")
-            if hasattr(rule, "choices"):  # a name from a registry: argparse lists them
-                parser.add_argument(flag, default=f.default, choices=list(rule.choices()), help=f.metadata["doc"])
+            if hasattr(rule, "choices"):  # a name from a registry (its families too): argparse lists its names
+                parser.add_argument(flag, default=f.default, choices=rule.choices(), help=f.metadata["doc"])
             else:
                 parser.add_argument(flag, default=f.default, help=f.metadata["doc"],
                                     type=_flag_type(f.name, rule, f.name == "cache_capacity"))
