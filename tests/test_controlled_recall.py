@@ -136,3 +136,12 @@ def test_generate_refuses_it_for_an_exact_mode_before_the_model_loads(monkeypatc
                  "--predictor", "recall-0.8"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "can only be executed" in err[0]
+
+
+def test_the_seed_is_a_whole_number_flag():
+    from evalsuite.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["eval", "--recall-seed", "3"]).recall_seed == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--recall-seed", "three"])

@@ -116,7 +116,7 @@ def _device(v):
 def option(default, doc: str, rule=None, *, flag: bool = False, model_arg: bool = True, kind: str = "value"):
     """One engine option: its default, what it means (the docs table and --help), its rule, whether the
     `evalsuite` commands take it as a flag, whether the lm-eval adapters take it as a model_arg, and how a
-    model_arg's text becomes a value (`kind`: value, ints or names, lists separated by ';')."""
+    model_arg's text becomes a value (`kind`: value, int, or ints or names: lists separated by ';')."""
     meta = {"doc": doc, "rule": rule, "flag": flag, "model_arg": model_arg, "kind": kind}
     if isinstance(default, (list, tuple)):
         return field(default_factory=lambda: tuple(default), metadata=meta)
@@ -152,7 +152,7 @@ class EngineConfig:
                                         "the model's own predictor.safetensors)", flag=True)
     recall_seed: int = option(0, "the seed of a controlled-recall predictor's errors (recall-R)",
                               lambda v: None if _is_whole(v, 0) else "must be a whole number of at least 0",
-                              flag=True)
+                              flag=True, kind="int")
     horizon: int = option(1, "sparse layers ahead a prediction targets (speculation: 1)",
                           lambda v: None if _is_whole(v, 1) else "must be a whole number of at least 1 "
                           "(sparse layers ahead)")
@@ -265,7 +265,8 @@ class EngineConfig:
                 parser.add_argument(flag, default=f.default, choices=rule.choices(), help=f.metadata["doc"])
             else:
                 parser.add_argument(flag, default=f.default, help=f.metadata["doc"],
-                                    type=_flag_type(f.name, rule, f.name == "cache_capacity"))
+                                    type=_flag_type(f.name, rule, f.name == "cache_capacity",
+                                                    whole=f.metadata["kind"] == "int"))
 
     @staticmethod
     def markdown() -> str:
@@ -315,11 +316,17 @@ def capacity_value(text: str):
     return text
 
 
-def _flag_type(name, rule, capacity: bool):
-    """An argparse `type=` that applies the option's rule: a bad value is argparse's one-line usage error."""
+def _flag_type(name, rule, capacity: bool, whole: bool = False):
+    """An argparse `type=` that applies the option's rule: a bad value is argparse's one-line usage error.
+    `whole`: the option is a whole number, read from the flag's text first."""
     def parse(text: str):
         if capacity:  # its rule needs the model's expert count and size: checked with the request
             return capacity_value(text)
+        if whole:
+            try:
+                text = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         refused = rule(text) if rule is not None else None
         if refused:
             raise argparse.ArgumentTypeError(f"{text!r} {refused}")
