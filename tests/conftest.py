@@ -79,7 +79,7 @@ SLOW_TESTS = {
 # Architecture sweeps: in these modules a test parametrized by `model_type` runs in the default tier for
 # these architectures only (a text one and a vision-language one), in the full tier for every one.
 DEFAULT_ARCHITECTURES = {"qwen3_moe", "qwen3_vl_moe"}
-ARCHITECTURE_SWEEPS = {"test_exactness", "test_controlled_recall", "test_late_copies", "test_lazy_link", "test_modes", "test_shadows",
+ARCHITECTURE_SWEEPS = {"test_exactness", "test_controlled_recall", "test_quantised_experts", "test_late_copies", "test_lazy_link", "test_modes", "test_shadows",
                        "test_load_offloaded"}
 
 

@@ -22,6 +22,7 @@ from evalsuite.engine.modes import MODES, names_where
 from evalsuite.engine.prediction import PREDICTORS
 
 STORES = ("host", "disk")
+EXPERT_BITS = (16, 8, 4)
 POOLS = ("global", "per-layer")
 # the oracles read the routing of the pass they predict (a look-ahead pass, a recorded run): nothing to shadow
 NOT_SHADOWS = ("oracle", "trace-oracle")
@@ -140,6 +141,16 @@ class EngineConfig:
                               "none: real copies", _link, flag=True)
     store: str = option("host", "where offloaded experts live: host (pinned memory) or disk (read from the "
                         "checkpoint's safetensors when fetched)", _one_of(STORES), flag=True)
+    expert_bits: int = option(16, "bits per expert weight: 16 (the checkpoint's own), 8 or 4 (HQQ, in groups along "
+                              "each weight's input; packed in the store, over the link and in the cache; resident "
+                              "runs the dequantised weights)",
+                              lambda v: None if v in EXPERT_BITS and _is_whole(v, 1) else
+                              f"is not one of: {', '.join(map(str, EXPERT_BITS))}", flag=True, kind="int")
+    expert_group_size: int | None = option(
+        None, "quantised experts: weights per scale and zero (default: 64, or the largest power of two below it "
+        "that divides every expert's input width)",
+        lambda v: None if v is None or _is_whole(v, 1) else "must be a whole number of at least 1, e.g. 64",
+        flag=True, kind="int")
     checkpoint: str | None = option(None, "the safetensors checkpoint the disk store reads (default: the model's "
                                     "directory)", model_arg=False)
     device: str | None = option(None, "where the non-expert weights and the expert cache go (default: where the "
@@ -205,6 +216,9 @@ class EngineConfig:
         if mode.speculates and self.horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
         self._check_at_target(mode)
+        if self.expert_bits != 16 and self.store == "disk" and self.offloads:
+            raise ValueError(f"expert_bits={self.expert_bits}: the disk store reads the checkpoint's dense experts; "
+                             "quantised experts are held by store=host")
 
     def _check_at_target(self, mode) -> None:
         """A controlled-recall predictor proposes a layer's experts from that layer's own routing: it can only be

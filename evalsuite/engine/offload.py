@@ -80,16 +80,24 @@ class Engine(ExpertFetching):
         self.model, self.mode = model, c.mode
         self.family = arch.family_of(model)
         self.layers = arch.sparse_layers(model)
-        self.layout = ExpertLayout.of(self.layers[0].experts)
-        if any(ExpertLayout.of(layer.experts) != self.layout for layer in self.layers):
+        # the experts as the model holds them, and as the store, the link and the cache hold them (packed codes
+        # at expert_bits 8 or 4: placement/quantised.py)
+        self.dense_layout = ExpertLayout.of(self.layers[0].experts)
+        if any(ExpertLayout.of(layer.experts) != self.dense_layout for layer in self.layers):
             raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
-        self.unloaded = placement.experts_unloaded(self.layers, self.layout)  # built without its experts
+        self.layout = self.dense_layout
+        if c.expert_bits != 16:  # checked against the experts' widths before the model is touched
+            from evalsuite.engine.placement.quantised import default_group_size, layout_for
+            self.layout = layout_for(self.dense_layout, c.expert_bits,
+                                     c.expert_group_size or default_group_size(self.dense_layout))
+        self.unloaded = placement.experts_unloaded(self.layers, self.dense_layout)  # built without its experts
         self.device = (torch.device(c.device) if c.device is not None
-                       else placement.home_device(model, self.layers, self.layout))
+                       else placement.home_device(model, self.layers, self.dense_layout))
         self.timeout_s = c.transfer_timeout_s
         self.link = parse_link(c.link)
         self.record = self._fresh_record()
         self.cache = self.store = self.transfers = self.driver = self.predictor = None
+        self._dense_experts = None  # a quantised reference's own weights, put back by close()
         self.artifact_path = None  # the calibration artifact the predictor read, where it reads one
         self.forward = ForwardPass(decoding=False, rows=1)  # the pass running now (evalsuite.engine.pass_state)
         self._prefetched: set = set()  # prefetched experts not yet used
@@ -121,10 +129,12 @@ class Engine(ExpertFetching):
             self.store, self.cache, self.transfers = move_experts_out(self, c)
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
-                placement.load_experts(self.layers, self.layout, self.family,
-                                       Checkpoint(c.checkpoint or model.config._name_or_path, self.layout.dtype),
-                                       self.device)
+                placement.load_experts(self.layers, self.dense_layout, self.family,
+                                       Checkpoint(c.checkpoint or model.config._name_or_path,
+                                                  self.dense_layout.dtype), self.device)
             model.to(self.device)
+            if self.layout is not self.dense_layout:  # the reference at these bits: the dequantised weights
+                self._dense_experts = placement.quantise_experts(self.layers, self.layout)
         self.budget, self.tracer, self._hooks = budget, None, []
         ids = image_token_ids(model)
         self.image_ids = torch.tensor(ids) if ids else None  # metrics by token kind
@@ -240,7 +250,8 @@ class Engine(ExpertFetching):
         """The engine's configuration, as results tables want it."""
         return {"mode": self.mode, "predictor": self.predictor.name if self.predictor is not None else None,
                 "predictor_artifact": self.artifact_path,
-                "expert_bytes": self.layout.nbytes,
+                "expert_bytes": self.layout.nbytes, "expert_bits": self.config.expert_bits,
+                "expert_group_size": getattr(self.layout, "group_size", None),
                 "cache_experts": self.cache.slots.shape[0] if self.cache is not None else None,
                 "link": self.link.name if self.link is not None else None}
 
@@ -301,7 +312,7 @@ class Engine(ExpertFetching):
 
     def device_expert_bytes(self) -> int:
         """Bytes of expert weights allocated on the device (cache slots + model parameters)."""
-        params = sum(getattr(l.experts, name).nbytes for l in self.layers for name, _, _ in self.layout.fields)
+        params = sum(getattr(l.experts, name).nbytes for l in self.layers for name, _, _ in self.dense_layout.fields)
         return params + (self.cache.nbytes if self.cache is not None else 0)
 
     def reset_stats(self) -> None:
@@ -319,12 +330,16 @@ class Engine(ExpertFetching):
         if self.transfers is not None:
             self.transfers.close()
             if not self.unloaded:  # one built without experts leaves without
-                put_experts_back(self.layers, self.layout, self.store, self.device)
+                put_experts_back(self.layers, self.dense_layout, self.layout, self.store, self.device,
+                                 self._dense_experts)
             # drop the big buffers now: engine, driver and scheduler refer to each other, so
             # the garbage collector would free them only some time later
             self.cache = self.store = self.transfers.store = None
+        elif self._dense_experts is not None:
+            placement.restore_experts(self.layers, self._dense_experts)
+        self._dense_experts = None
         if self.unloaded:
-            placement.drop_experts(self.layers, self.layout)
+            placement.drop_experts(self.layers, self.dense_layout)
         for hook in self._hooks:
             hook.remove()
         if self.driver is not None:

@@ -82,3 +82,26 @@ def drop_experts(layers, layout) -> None:
         for name, shape, _ in layout.fields:
             empty = torch.empty(layer.num_experts, *shape, dtype=layout.dtype, device="meta")
             setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
+
+
+def quantise_experts(layers, layout) -> dict:
+    """Give every expert's weights their values at `layout`'s bits (dequantised: the reference at those bits), in new
+    parameters; returns the model's own, which restore_experts puts back."""
+    from evalsuite.engine.placement.quantised import quantise_in_place
+
+    own = {}
+    for layer in layers:
+        for name, _, _ in layout.fields:
+            param = getattr(layer.experts, name)
+            own[layer.index, name] = param
+            setattr(layer.experts, name, torch.nn.Parameter(param.detach().clone(), requires_grad=False))
+        quantise_in_place(layer.experts, layout)
+    return own
+
+
+def restore_experts(layers, own: dict) -> None:
+    """The parameters quantise_experts (or an offloading engine) set aside, back in the model."""
+    for layer in layers:
+        for (index, name), param in own.items():
+            if index == layer.index:
+                setattr(layer.experts, name, param)

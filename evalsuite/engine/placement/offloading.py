@@ -19,6 +19,7 @@ def move_experts_out(engine, config):
     `config` (an EngineConfig) asks, with its experts moved out of the model; returns (store, cache, link).
     Raises ValueError where the cache cannot hold one token's experts or does not fit the device."""
     model, layers, layout, device = engine.model, engine.layers, engine.layout, engine.device
+    dense = engine.dense_layout  # the model's own tensors (layout: the store's rows, packed where quantised)
     cache_capacity, store, checkpoint = config.cache_capacity, config.store, config.checkpoint
     per_layer = config.cache_pools == "per-layer"
     total = sum(layer.num_experts for layer in layers)
@@ -30,19 +31,22 @@ def move_experts_out(engine, config):
         raise ValueError(f"cache_capacity={cache_capacity!r} gives {pool_size} slots per pool, below "
                          f"top-k={top_k}: one token's experts must fit; use at least {need} experts")
     check_fits(capacity, layout.nbytes, device, other_bytes=placement.device_bytes_change(
-        model, layers, layout, device, store))
+        model, layers, dense, device, store))
     pin = device.type == "cuda"
     path = checkpoint or model.config._name_or_path
     if store == "host":  # a model built without its experts fills the host store from its checkpoint
-        source = Checkpoint(path, layout.dtype) if engine.unloaded else None
+        source = Checkpoint(path, dense.dtype) if engine.unloaded else None
         expert_store = HostStore(layers, layout, pin, source, engine.family)
     else:
         expert_store = SafetensorsStore(path, layers, layout, engine.family, pin)
+    if layout is not dense and not engine.unloaded:  # the store's codes are lossy: close() puts these back
+        engine._dense_experts = {(layer.index, name): getattr(layer.experts, name).cpu()
+                                 for layer in layers for name, _, _ in dense.fields}
     for layer in layers:  # the device now holds only what the cache holds
-        for name, _, _ in layout.fields:
-            empty = torch.empty(0, dtype=layout.dtype, device=device)
+        for name, _, _ in dense.fields:
+            empty = torch.empty(0, dtype=dense.dtype, device=device)
             setattr(layer.experts, name, torch.nn.Parameter(empty, requires_grad=False))
-    placement.move_non_experts(model, layers, layout, device)
+    placement.move_non_experts(model, layers, dense, device)
     cache = ExpertCache([layer.index for layer in layers], capacity, layout.numel, layout.dtype, device,
                         config.cache_policy, per_layer)
     if engine.link is not None and device.type == "cpu" and layout.nbytes <= INLINE_MAX_BYTES:
@@ -52,10 +56,14 @@ def move_experts_out(engine, config):
     return expert_store, cache, link
 
 
-def put_experts_back(layers, layout, store, device: torch.device) -> None:
-    """Put every expert back into the model's fused parameters, read from `store` (Engine.close)."""
+def put_experts_back(layers, dense, layout, store, device: torch.device, own: dict | None = None) -> None:
+    """Put every expert back into the model's fused parameters (Engine.close): the model's own set aside (`own`,
+    where the store holds quantised codes), else read from `store`."""
     for layer in layers:
-        for name, _, _ in layout.fields:
-            fused = torch.stack([layout.views(store.read((layer.index, e)))[name].clone()
-                                 for e in range(layer.num_experts)]).to(device)
+        for name, _, _ in dense.fields:
+            if own is not None:
+                fused = own[layer.index, name].data.to(device)
+            else:
+                fused = torch.stack([layout.views(store.read((layer.index, e)))[name].clone()
+                                     for e in range(layer.num_experts)]).to(device)
             setattr(layer.experts, name, torch.nn.Parameter(fused, requires_grad=False))

@@ -150,6 +150,9 @@ def read_expert_into(checkpoint: "Checkpoint", family, experts_path: str, expert
     place (one read each, where the checkpoint's dtype is the layout's). Reading the tensors, joining
     gate and up and packing them took three passes over the expert's bytes and two fresh buffers the
     size of it: a Qwen3-30B-A3B expert's fetch into a CPU slot took 2.42 ms that way, 1.46 ms this way."""
+    if getattr(layout, "dense", None) is not None:  # a quantised row: the dense tensors read, then packed
+        layout.pack(read_expert(checkpoint, family, experts_path, expert), flat)
+        return
     views = layout.views(flat)
     for name, sources in family.expert_sources(checkpoint, experts_path, expert).items():
         view, row = views[name], 0

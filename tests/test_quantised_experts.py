@@ -1,0 +1,77 @@
+"""Quantised experts (expert_bits 8 and 4): resident at the same bits is the reference, and on-demand and
+router-preserving compute exactly its logits; the link moves the packed bytes; close() gives the model back."""
+import copy
+
+import pytest
+import torch
+
+import evalsuite
+from evalsuite import EngineConfig
+from evalsuite.zoo.tiny import TINY
+
+from .helpers import batch, reference_model
+
+
+def run(model, ids, mask):
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        tokens = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    return logits, tokens
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_offloaded_modes_are_bit_identical_to_resident_at_the_same_bits(model_type, bits):
+    reference = reference_model(model_type, "bfloat16")
+    ids, mask = batch(4)
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode="resident", expert_bits=bits):
+        expected = run(model, ids, mask)
+    dense = run(reference, ids, mask)
+    assert not torch.equal(expected[0], dense[0])  # the reference does run the quantised weights
+    for mode, predictor in (("on-demand", None), ("router-preserving", "gate")):
+        model = copy.deepcopy(reference)
+        with evalsuite.offload(model, mode=mode, predictor=predictor, expert_bits=bits, cache_capacity=0.5) as engine:
+            logits, tokens = run(model, ids, mask)
+            stats = engine.stats()
+        assert torch.equal(logits, expected[0]) and torch.equal(tokens, expected[1]), mode
+        assert stats["misses"] > 0
+
+
+def test_a_transfer_moves_the_packed_bytes():
+    reference = reference_model("qwen3_moe", "bfloat16")
+    ids, mask = batch(2)
+    moved = {}
+    for bits in (16, 8, 4):
+        model = copy.deepcopy(reference)
+        with evalsuite.offload(model, mode="on-demand", expert_bits=bits, cache_capacity=0.5) as engine:
+            run(model, ids, mask)
+            stats = engine.stats()
+        moved[bits] = stats["bytes_transferred"] / stats["misses"]
+        assert moved[bits] == stats["expert_bytes"]
+    # codes at bits/8 bytes per weight plus a 2-byte scale and zero per group, against 2 bytes per bf16 weight
+    assert moved[16] * (8 / 16) < moved[8] < moved[16] * (8 / 16 + 0.2)
+    assert moved[16] * (4 / 16) < moved[4] < moved[16] * (4 / 16 + 0.2)
+
+
+@pytest.mark.parametrize("mode", ["resident", "on-demand"])
+def test_close_gives_the_model_its_own_weights_back(mode):
+    reference = reference_model("qwen3_moe", "bfloat16")
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode=mode, expert_bits=4):
+        pass
+    own = dict(reference.named_parameters())
+    assert all(torch.equal(p, own[name]) for name, p in model.named_parameters())
+
+
+def test_bad_bits_and_group_sizes_are_one_line_before_the_model_changes():
+    model = copy.deepcopy(reference_model("qwen3_moe", "bfloat16"))
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    with pytest.raises(ValueError, match="is not one of: 16, 8, 4"):
+        EngineConfig(expert_bits=3)
+    with pytest.raises(ValueError, match="does not divide"):
+        evalsuite.offload(model, mode="on-demand", expert_bits=4, expert_group_size=48)
+    with pytest.raises(ValueError, match="store=host"):
+        EngineConfig(mode="on-demand", expert_bits=4, store="disk")
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    assert getattr(model, "_evalsuite_engine", None) is None
