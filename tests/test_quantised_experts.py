@@ -75,3 +75,18 @@ def test_bad_bits_and_group_sizes_are_one_line_before_the_model_changes():
         EngineConfig(mode="on-demand", expert_bits=4, store="disk")
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert getattr(model, "_evalsuite_engine", None) is None
+
+
+def test_every_mode_of_a_request_runs_at_its_bits_and_the_table_names_them():
+    from evalsuite.lm.request import model_args
+    from evalsuite.lm.suite import format_rows
+
+    engine = EngineConfig(expert_bits=4, expert_group_size=32)
+    for mode in ("resident", "on-demand", "speculative"):
+        assert "expert_bits=4,expert_group_size=32" in model_args("m", mode, None, engine)
+    assert "expert_bits" not in model_args("m", "resident", None, EngineConfig())
+    row = {"model": "m", "task": "t", "metric": "acc", "mode": "resident", "predictor": None, "accuracy": 1.0,
+           "recall": None, "hit_rate": 1.0, "tpot_ms": None, "identical_share": None}
+    header = format_rows([{**row, "expert_bits": 4}]).splitlines()[0]
+    assert "bits" in header.split()
+    assert "bits" not in format_rows([{**row, "expert_bits": 16}]).splitlines()[0].split()

@@ -35,6 +35,10 @@ def model_args(model: str, mode: str, predictor: str | None, engine: EngineConfi
         args.append(f"link={engine.link}")
     if MODES[mode].offloads:
         args += [f"{name}={getattr(engine, name)}" for name in OFFLOAD_OPTIONS]
+    if engine.expert_bits != 16:  # every mode, resident included: the reference runs at the same bits
+        args.append(f"expert_bits={engine.expert_bits}")
+        if engine.expert_group_size is not None:
+            args.append(f"expert_group_size={engine.expert_group_size}")
     return ",".join(args + ([extra] if extra else []))
 
 
@@ -99,6 +103,7 @@ def run_config(request: Request, target: Target, lm, mode: str, args: str, **ext
             "predictor_parameters": predictor_parameters(engine["predictor_artifact"], engine["predictor"]),
             "seed": request.run.seed,
             "cache_capacity": str(request.engine.cache_capacity) if MODES[mode].offloads else None,
+            "expert_bits": engine["expert_bits"], "expert_group_size": engine["expert_group_size"],
             **engine_config(lm.engine), "link": request.engine.link if MODES[mode].offloads else None,
             "limit": request.limit, "dtype": str(lm.model.dtype).replace("torch.", ""), "device": request.run.device,
             "batch_size": request.run.batch_size, "num_fewshot": request.run.num_fewshot,

@@ -152,9 +152,13 @@ def format_rows(rows) -> str:
                Column("hit rate", align=">"), Column("TPOT ms [p10-p90]", align=">"), Column("same tok", ".3f")]
     spreads = _speed_spreads(rows)
     drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
-    lines = [format_table([[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r),
-                            r["recall"], _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]]
-                           for r in rows], columns)]
+    cells = [[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r), r["recall"],
+              _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]] for r in rows]
+    if any(r.get("expert_bits") not in (None, 16, "16") for r in rows):  # quantised experts: each row's bits
+        columns.insert(4, Column("bits", align=">"))
+        for row, r in zip(cells, rows):
+            row.insert(4, r.get("expert_bits") or "-")
+    lines = [format_table(cells, columns)]
     if any(r.get("prefill_only") for r in rows):
         lines.append("n/a (prefill): the task scores loglikelihoods, one prefill per document and no decode token; "
                      "speculation acts on decode tokens only, so its accuracy would be resident's by construction")
