@@ -90,3 +90,21 @@ def test_every_mode_of_a_request_runs_at_its_bits_and_the_table_names_them():
     header = format_rows([{**row, "expert_bits": 4}]).splitlines()[0]
     assert "bits" in header.split()
     assert "bits" not in format_rows([{**row, "expert_bits": 16}]).splitlines()[0].split()
+
+
+def test_the_simulator_prices_the_engines_packed_bytes():
+    from evalsuite.perf.shapes import model_shape
+
+    dense, eight, four = (model_shape("qwen3-30b-a3b", bits).expert_bytes for bits in (16, 8, 4))
+    assert dense == model_shape("qwen3-30b-a3b").expert_bytes  # the model ships bf16 experts
+    # codes at bits/8 bytes per weight and a 2-byte scale and zero per group of 64, against 2 bytes per weight
+    assert eight == pytest.approx(dense * (1 + 4 / 64) / 2, rel=0.01)
+    assert four == pytest.approx(dense * (0.5 + 4 / 64) / 2, rel=0.01)
+
+
+def test_simulate_refuses_bits_it_cannot_price(capsys):
+    from evalsuite.cli import main
+
+    assert main(["simulate", "--model", "qwen3-30b-a3b", "--profile", "h100", "--reuse", "0.3", "--recall", "0.9",
+                 "--expert-bits", "3"]) == 2
+    assert "is not one of 16, 8, 4" in capsys.readouterr().err

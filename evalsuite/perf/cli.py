@@ -108,23 +108,37 @@ def cmd_simulate(args) -> int:
     trace = RoutingTrace.load(args.trace) if args.trace else None
     if args.model is None and trace is None:
         raise ValueError("give --model (a real model's shape) or --trace")
-    if args.model is None:  # replay the trace on its own model (a measured profile)
-        shape, fitted, origin = None, trace, f"recorded trace ({len(trace.steps)} decode steps), its own model"
-    else:
-        shape = model_shape(args.model)
-        fitted, origin = fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall,
-                                   predicted_reuse=args.predicted_reuse)
+    try:
+        bits_list = [int(b) for b in _list(args.expert_bits)] if args.expert_bits else [None]
+    except ValueError:
+        raise ValueError(f"--expert-bits takes 16, 8 or 4, comma-separated, not {args.expert_bits!r}") from None
+    if args.expert_bits and args.model is None:
+        raise ValueError("--expert-bits prices a real model's shape: give --model too")
+    bad = [b for b in bits_list if b not in (None, 16, 8, 4)]
+    if bad:
+        raise ValueError(f"--expert-bits {bad[0]} is not one of 16, 8, 4")
+    shapes = {}
+    for bits in bits_list:
+        if args.model is None:  # replay the trace on its own model (a measured profile)
+            shapes[bits] = (None, trace, f"recorded trace ({len(trace.steps)} decode steps), its own model")
+        else:
+            shape = model_shape(args.model, bits)
+            shapes[bits] = (shape, *fit_trace(trace, shape, steps=args.steps, reuse=args.reuse, recall=args.recall,
+                                              predicted_reuse=args.predicted_reuse))
     name = args.model or trace.meta.get("model") or "the traced model"
     predictor = args.predictor or (trace.meta.get("predictor") if trace else None) or "gate"
     everything = []
     for spec in _list(args.profile):
         profile = load_profile(spec)
         for capacity in [float(c) for c in _list(args.capacity)]:
-            rows = project(fitted, shape, profile, capacity, predictor, policy=args.cache_policy)
-            title = (f"\n{name} on {profile.name}, cache {capacity:g} of experts "
-                     f"({rows[0]['cache_experts']}, {args.cache_policy}), predictor {predictor}; {origin}")
-            print(format_projection(rows, title))
-            everything.append({"model": name, "profile": profile.name, "capacity": capacity, "rows": rows})
+            for bits, (shape, fitted, origin) in shapes.items():
+                rows = project(fitted, shape, profile, capacity, predictor, policy=args.cache_policy)
+                stored = "" if bits is None else f", experts at {bits} bits ({shape.expert_bytes / 2**20:.2f} MiB each)"
+                title = (f"\n{name} on {profile.name}, cache {capacity:g} of experts "
+                         f"({rows[0]['cache_experts']}, {args.cache_policy}), predictor {predictor}{stored}; {origin}")
+                print(format_projection(rows, title))
+                everything.append({"model": name, "profile": profile.name, "capacity": capacity, "expert_bits": bits,
+                                   "rows": rows})
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
     return 0
@@ -175,5 +189,7 @@ def add_commands(sub) -> None:
                    help="share of the predicted set kept from one step to the next, for a synthetic trace "
                         "(default: the trace's, else the routing's)")
     s.add_argument("--steps", type=int, default=64, help="decode steps of a synthetic trace")
+    s.add_argument("--expert-bits", help="comma-separated 16, 8, 4: the model's experts as the engine stores them at "
+                                         "those bits, priced side by side (default: as the model ships them)")
     s.add_argument("--json", help="also write the rows here")
     s.set_defaults(run=cmd_simulate)

@@ -74,11 +74,13 @@ def _config(fields: dict, **overrides):
 
 
 @lru_cache(maxsize=None)
-def model_shape(name: str) -> ModelShape:
-    """The shape of a real model by name (see MODELS), counted on the meta device."""
+def model_shape(name: str, expert_bits: int | None = None) -> ModelShape:
+    """The shape of a real model by name (see MODELS), counted on the meta device. `expert_bits`: its routed
+    experts as the engine stores them at 16 (bf16), 8 or 4 bits (the engine's own packed row,
+    evalsuite.engine.placement.quantised, at its default group size); default: as the model ships them."""
     if name not in MODELS:
         raise ValueError(f"unknown model shape {name!r}: use one of {', '.join(MODELS)}")
-    fields, expert_bits, _ = MODELS[name]
+    fields, shipped_bits, _ = MODELS[name]
     from transformers import AutoModelForCausalLM
 
     config = _config(fields)
@@ -96,7 +98,8 @@ def model_shape(name: str) -> ModelShape:
     head = model.lm_head.weight.numel() + model.model.norm.weight.numel()
     return ModelShape(name=name, sparse_layers=layers - first_dense, dense_layers=first_dense,
                       experts=sparse.num_experts, top_k=sparse.top_k, hidden=config.hidden_size,
-                      expert_bytes=int(expert_params * expert_bits / 8), sparse_layer_bytes=sparse_rest * weight_bytes,
+                      expert_bytes=_expert_bytes(sparse.experts, expert_params, shipped_bits, expert_bits),
+                      sparse_layer_bytes=sparse_rest * weight_bytes,
                       dense_layer_bytes=dense_params * weight_bytes, head_bytes=head * weight_bytes)
 
 
@@ -111,3 +114,18 @@ def random_model(name: str, sparse_layers_count: int = 2, vocab_size: int = 1024
                   max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                   tie_word_embeddings=False)
     return tiny_model(model_type, seed=seed, dtype=dtype, **fields)
+
+
+def _expert_bytes(experts, params: int, shipped_bits: float, bits: int | None) -> int:
+    """One routed expert's bytes: as shipped (`bits` None), dense bf16 (16), or the engine's packed row (8, 4)."""
+    if bits is None:
+        return int(params * shipped_bits / 8)
+    if bits == 16:
+        return params * 2
+    from dataclasses import replace
+
+    from ..engine.placement.quantised import default_group_size, layout_for
+    from ..engine.placement.store import ExpertLayout
+
+    dense = replace(ExpertLayout.of(experts), dtype=torch.bfloat16)
+    return layout_for(dense, bits, default_group_size(dense)).nbytes
