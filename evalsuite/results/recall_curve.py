@@ -371,7 +371,7 @@ def recall_curve_figure(points: pd.DataFrame, model: str):
     if data.empty:
         return f"{model}: no run with a measured recall@K (or a controlled level) to draw"
     tasks = sorted(data["task"].unique())
-    columns = min(3, len(tasks))
+    columns = 2 if len(tasks) in (2, 4) else min(3, len(tasks))
     rows = math.ceil(len(tasks) / columns)
     fig, axes = _subplots(rows, columns)
     for ax in axes.flat[len(tasks):]:
@@ -405,9 +405,9 @@ def recall_curve_figure(points: pd.DataFrame, model: str):
         if (part["n"] < part["resident_n"]).any():
             ax.text(0.01, 0.01, "runs on fewer documents: resident + their paired difference", fontsize=7,
                     color="0.4", transform=ax.transAxes, va="bottom")
-        ax.set(title=f"{task} ({part['metric'].iloc[0]}, {int(part['resident_n'].iloc[0])} documents, resident "
-                     f"run {int(part['resident_run'].iloc[0])})",
-               xlabel=f"measured recall@{'/'.join(map(str, ks)) or 'K'} (K: the router's top-k)",
+        ax.set_title(f"{task}\n{part['metric'].iloc[0]}, {int(part['resident_n'].iloc[0])} documents, resident run "
+                     f"{int(part['resident_run'].iloc[0])}", fontsize=9)
+        ax.set(xlabel=f"measured recall@{'/'.join(map(str, ks)) or 'K'} (K: the router's top-k)",
                ylabel="accuracy (share of documents)")
         ax.margins(x=0.08, y=0.15)
         ax.grid(alpha=0.3)
