@@ -34,7 +34,8 @@ def test_runs_lists_newest_first(stored, capsys):
 def test_compare_and_report(stored, tmp_path, capsys):
     assert _run(["compare", "1", "2", "--db", stored, "--csv", str(tmp_path / "c.csv")]) == 0
     out = capsys.readouterr().out
-    assert "run B = 2 vs run A = 1" in out and "-0.2500" in out and (tmp_path / "c.csv").exists()
+    assert "run B = 2 (speculative/quasi, 16-bit experts) vs run A = 1 (resident, 16-bit experts)" in out
+    assert "-0.2500" in out and (tmp_path / "c.csv").exists()
     assert _run(["report", "--db", stored, "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "index.html").exists() and "wrote" in capsys.readouterr().out
 

@@ -12,7 +12,7 @@ import sys
 from ..table import Column, format_table
 
 _DB_HELP = "results database: SQLAlchemy URL or SQLite path (default: $EVALSUITE_DB, else results/results.db)"
-_LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link",
+_LISTED = ["id", "started_at", "status", "model", "mode", "predictor", "bits", "cache_capacity", "cache_policy", "link",
            "tasks", "limit", "accuracy", "tpot_ms"]
 _NUMBERS = {"id", "cache_capacity", "limit", "accuracy", "tpot_ms"}
 
@@ -24,6 +24,7 @@ def _open(args):
 
 
 def cmd_runs(args) -> int:
+    from .database import stored_config
     from .report import summary_table
 
     with _open(args) as db:
@@ -34,7 +35,8 @@ def cmd_runs(args) -> int:
         shown = runs.head(args.last)
         ids = shown["id"].tolist()
         table = summary_table(shown, db.task_metrics(ids), db.engine_metrics(ids))
-    table = table.merge(shown[["id", "started_at", "error"]], on="id")[_LISTED + ["error"]]
+    bits = shown["config"].map(lambda c: stored_config(c).get("expert_bits") or 16)  # the experts' precision
+    table = table.merge(shown[["id", "started_at", "error"]].assign(bits=bits), on="id")[_LISTED + ["error"]]
     table["started_at"] = table["started_at"].map(lambda t: t.strftime("%Y-%m-%d %H:%M") if hasattr(t, "strftime")
                                                   else t)
     columns = [Column(name, "d" if name == "id" else ".4g") if name in _NUMBERS else name for name in table.columns]

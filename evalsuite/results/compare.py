@@ -193,8 +193,17 @@ def compare(db, run_a, run_b, tasks=None, force: bool = False) -> pd.DataFrame:
         table[f"{column}_delta"] = table[f"{column}_b"] - table[f"{column}_a"]
     table["docs_a"], table["docs_b"] = table["task"].map(_documents(samples_a)), table["task"].map(_documents(samples_b))
     table.attrs.update(run_a=a, run_b=b, warnings=[f"runs {a} and {b} differ in {d}" for d in differ],
-                       unknown=unknown)
+                       unknown=unknown, label_a=run_label(run_a), label_b=run_label(run_b))
     return table.sort_values(["task", "metric", "filter"], ignore_index=True)
+
+
+def run_label(run: dict) -> str:
+    """' (mode[/predictor], N-bit experts)': what a run is, for the comparison's first line."""
+    from .database import stored_config
+
+    bits = stored_config(run.get("config")).get("expert_bits") or 16
+    what = "/".join(str(part) for part in (run.get("mode"), run.get("predictor")) if part)
+    return f" ({what}, {bits}-bit experts)" if what else f" ({bits}-bit experts)"
 
 
 def _task_list(metrics: pd.DataFrame) -> str:
@@ -228,7 +237,8 @@ def _comparison_cells(row) -> list:
 def format_comparison(table: pd.DataFrame) -> str:
     """A fixed-width table: one line per task and metric, deltas in points where they are fractions, then what
     decides significance, where the CI disagrees, and what the engine columns cover."""
-    lines = [f"run B = {table.attrs.get('run_b')} vs run A = {table.attrs.get('run_a')}"]
+    lines = [f"run B = {table.attrs.get('run_b')}{table.attrs.get('label_b', '')} vs run A = "
+             f"{table.attrs.get('run_a')}{table.attrs.get('label_a', '')}"]
     lines += [f"WARNING: {w}; compared anyway (--force)" for w in table.attrs.get("warnings", [])]
     lines += [f"note: {u}" for u in table.attrs.get("unknown", [])]
     columns = [Column("task", max_width=24), Column("metric", max_width=18), Column("n", "d"), Column("A", ".4f"),
