@@ -72,10 +72,10 @@ def _use_sandbox(args) -> None:
 
 def cmd_generate(args) -> int:
     from .engine.modes import MODES
+    from .engine.config import EngineConfig
     from .generate import DEMO_PROMPTS, check_modes, compare_modes, format_table, load_model
 
-    options = dict(cache_capacity=args.cache_capacity, cache_policy=args.cache_policy, cache_pools=args.cache_pools,
-                   link=args.link, store=args.store, predictor=args.predictor, predictor_path=args.predictor_path)
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.metadata["flag"]}
     check_modes(args.modes, **options)  # before the model loads
     model, tokenizer = load_model(args.model, args.dtype, args.device, args.store)
     rows = compare_modes(model, tokenizer, args.modes, prompts=args.prompt or DEMO_PROMPTS,

@@ -111,11 +111,15 @@ def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+EVERY_MODE = ("expert_bits", "expert_group_size")  # resident too: the reference runs at the same bits
+
+
 def mode_options(mode: str, engine_options: dict) -> dict:
-    """The engine options mode `mode` runs with in compare_modes: none for resident, no predictor where it predicts
-    nothing."""
+    """The engine options mode `mode` runs with in compare_modes: for resident only EVERY_MODE's, no predictor where
+    it predicts nothing."""
     kind = mode_named(mode)
-    options = dict(engine_options) if kind.offloads else {}
+    options = dict(engine_options) if kind.offloads else {
+        name: value for name, value in engine_options.items() if name in EVERY_MODE}
     if not kind.predicts:  # an offloading mode that does not predict refuses a predictor
         options.pop("predictor", None), options.pop("predictor_path", None)
     return options

@@ -108,3 +108,16 @@ def test_simulate_refuses_bits_it_cannot_price(capsys):
     assert main(["simulate", "--model", "qwen3-30b-a3b", "--profile", "h100", "--reuse", "0.3", "--recall", "0.9",
                  "--expert-bits", "3"]) == 2
     assert "is not one of 16, 8, 4" in capsys.readouterr().err
+
+
+def test_generate_runs_every_mode_at_the_bits_asked_for(tmp_path):
+    import json
+
+    from evalsuite.cli import main
+
+    out = tmp_path / "rows.json"
+    assert main(["generate", "--model", "tiny:qwen3_moe", "--modes", "resident,on-demand", "--expert-bits", "4",
+                 "--max-new-tokens", "6", "--json", str(out)]) == 0
+    rows = {row["mode"]: row for row in json.loads(out.read_text())}
+    assert rows["resident"]["expert_bits"] == rows["on-demand"]["expert_bits"] == 4
+    assert rows["on-demand"]["same_as_resident"] is True
