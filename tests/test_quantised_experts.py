@@ -121,3 +121,33 @@ def test_generate_runs_every_mode_at_the_bits_asked_for(tmp_path):
     rows = {row["mode"]: row for row in json.loads(out.read_text())}
     assert rows["resident"]["expert_bits"] == rows["on-demand"]["expert_bits"] == 4
     assert rows["on-demand"]["same_as_resident"] is True
+
+
+def test_a_sweep_has_an_expert_bits_axis(tmp_path):
+    import hashlib
+    import json
+    import os
+
+    import yaml
+
+    from evalsuite.sweep import load_sweep
+    from evalsuite.sweep.grid import cell_engine, check_cells
+
+    from .helpers import shipped_model
+
+    grid = {"name": "bits", "models": [shipped_model()], "modes": ["resident", "on-demand"], "predictors": ["gate"],
+            "cache_capacities": [0.25], "links": ["ufs4"], "tasks": ["evalsuite_arith"], "limit": 1}
+    path = tmp_path / "bits.yaml"
+    path.write_text(yaml.safe_dump({**grid, "expert_bits": [16, 4]}))
+    cells = load_sweep(str(path)).cells()
+    assert sorted((c.mode, c.expert_bits) for c in cells) == [("on-demand", 4), ("on-demand", 16), ("resident", 4),
+                                                              ("resident", 16)]
+    assert {cell_engine(c).expert_bits for c in cells} == {4, 16}
+    assert all("4-bit experts" in c.label() for c in cells if c.expert_bits == 4)
+    sixteen = next(c for c in cells if c.mode == "resident" and c.expert_bits == 16)
+    # a 16-bit cell keeps the key it had before the axis: the hash of its other fields
+    before = {**{k: v for k, v in vars(sixteen).items() if k != "expert_bits"}, "model": os.path.basename(sixteen.model)}
+    assert hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16] == sixteen.key
+    path.write_text(yaml.safe_dump({**grid, "expert_bits": [3]}))
+    with pytest.raises(ValueError, match="expert_bits=3 is not one of"):
+        check_cells(load_sweep(str(path)).cells(), confirm_run_unsafe_code=False, model_files=False)

@@ -11,12 +11,13 @@
     tasks: [evalsuite_arith, evalsuite_yesno]
     limit: 10
     seeds: [0]
+    expert_bits: [16, 4]                 # the experts' precision (docs/quantised-experts.md)
     retries: 1                           # extra attempts for a failed cell
     workers: 1                           # local cells at once (processes)
     resources: {num_cpus: 1, num_gpus: 0, memory_gb: 4}   # per cell, on Ray
     db: sqlite:///results/sweep.db       # PostgreSQL for a team's Ray cluster
 
-A cell is one (model, mode, predictor, cache, link, seed) over all tasks: one run in the database.
+A cell is one (model, mode, predictor, cache, link, seed, expert bits) over all tasks: one run in the database.
 Axes a mode ignores collapse (resident has no predictor, cache or link; on-demand no predictor), so
 the grid holds no duplicate runs.
 """
@@ -32,7 +33,7 @@ from ..engine.modes import MODES
 from ..yaml_file import read_yaml
 
 FIELDS = {"name", "models", "modes", "predictors", "cache_capacities", "links", "tasks", "limit", "seeds",
-          "retries", "workers", "resources", "db", "out", "confirm_run_unsafe_code"}
+          "expert_bits", "retries", "workers", "resources", "db", "out", "confirm_run_unsafe_code"}
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,21 @@ class Cell:
     seed: int
     tasks: tuple[str, ...]
     limit: int
+    expert_bits: int = 16
 
     @property
     def key(self) -> str:
-        """Identifies the cell across invocations (and machines): a hash of everything that defines it."""
-        spec = json.dumps({**asdict(self), "model": os.path.basename(self.model.rstrip("/"))}, sort_keys=True)
-        return hashlib.sha256(spec.encode()).hexdigest()[:16]
+        """Identifies the cell across invocations (and machines): a hash of everything that defines it (16-bit
+        experts left out, so cells stored before the bits axis keep their keys)."""
+        spec = {**asdict(self), "model": os.path.basename(self.model.rstrip("/"))}
+        if spec["expert_bits"] == 16:
+            del spec["expert_bits"]
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
     def label(self) -> str:
         parts = [os.path.basename(self.model.rstrip("/")), self.mode]
-        parts += [p for p in (self.predictor, self.cache_capacity and f"cache {self.cache_capacity}", self.link) if p]
+        parts += [p for p in (self.predictor, self.cache_capacity and f"cache {self.cache_capacity}", self.link,
+                              self.expert_bits != 16 and f"{self.expert_bits}-bit experts") if p]
         return " / ".join(str(p) for p in parts) + f" / seed {self.seed}"
 
 
@@ -70,6 +76,7 @@ class Sweep:
     links: list[str] = field(default_factory=lambda: ["ufs4"])
     limit: int = 10
     seeds: list[int] = field(default_factory=lambda: [0])
+    expert_bits: list[int] = field(default_factory=lambda: [16])
     retries: int = 1
     workers: int = 1
     resources: dict = field(default_factory=lambda: {"num_cpus": 1})
@@ -80,15 +87,16 @@ class Sweep:
     def cells(self) -> list[Cell]:
         """Every distinct cell, in the order the axes are written."""
         seen, cells = set(), []
-        for model, mode, predictor, capacity, link, seed in itertools.product(
-                self.models, self.modes, self.predictors, self.cache_capacities, self.links, self.seeds):
+        for model, mode, predictor, capacity, link, seed, bits in itertools.product(
+                self.models, self.modes, self.predictors, self.cache_capacities, self.links, self.seeds,
+                self.expert_bits):
             predicting, offloaded = MODES[mode].predicts, MODES[mode].offloads
             path = predictor["path"] if predicting else None
             cell = Cell(model=os.path.abspath(model) if os.path.isdir(model) else model, mode=mode,
                         predictor=predictor["name"] if predicting else None,
                         predictor_path=path.format(model=os.path.basename(model.rstrip("/"))) if path else None,
                         cache_capacity=capacity if offloaded else None, link=link if offloaded else None,
-                        seed=seed, tasks=tuple(self.tasks), limit=self.limit)
+                        seed=seed, tasks=tuple(self.tasks), limit=self.limit, expert_bits=bits)
             if cell.key not in seen:
                 seen.add(cell.key)
                 cells.append(cell)
@@ -117,7 +125,8 @@ def cell_engine(cell: Cell):
     from ..lm.run_options import EVAL_ENGINE
 
     capacity = cell.cache_capacity if cell.cache_capacity is not None else EVAL_ENGINE.cache_capacity
-    return EVAL_ENGINE.replace(cache_capacity=capacity, link=cell.link, predictor_path=cell.predictor_path)
+    return EVAL_ENGINE.replace(cache_capacity=capacity, link=cell.link, predictor_path=cell.predictor_path,
+                               expert_bits=cell.expert_bits)
 
 
 def _list(raw: dict, name: str, default=None) -> list:
@@ -148,7 +157,7 @@ def load_sweep(path: str) -> Sweep:
     sweep = Sweep(name=str(raw.get("name") or os.path.splitext(os.path.basename(path))[0]),
                   models=_list(raw, "models"), modes=modes, tasks=_list(raw, "tasks"), predictors=predictors,
                   cache_capacities=_list(raw, "cache_capacities", [0.25]), links=_list(raw, "links", ["ufs4"]),
-                  seeds=[int(s) for s in _list(raw, "seeds", [0])])
+                  seeds=[int(s) for s in _list(raw, "seeds", [0])], expert_bits=_list(raw, "expert_bits", [16]))
     for name in ("limit", "retries", "workers"):
         if name in raw:
             value = raw[name]
