@@ -8,11 +8,12 @@ def open_db(tmp_path, name="results.db") -> ResultsDB:
 
 def make_run(db, *, mode="resident", predictor=None, model="tiny:qwen3_moe", task="arith", correct=(1, 0, 1, 1),
              predictions=None, tpot_ms=10.0, recall=None, hit_rate=0.5, cache_capacity=0.5, layer_recall=None,
-             k=2, status="complete", metric="exact_match", sample_recall=None, limit=None) -> int:
+             k=2, status="complete", metric="exact_match", sample_recall=None, limit=None, expert_bits=None) -> int:
     """A finished run with one task: binary per-sample scores, a whole-model engine row and optional per-layer recall
     (and each sample's own recall@k, `sample_recall`)."""
     run_id = db.start_run({"model": model, "mode": mode, "predictor": predictor, "cache_capacity": cache_capacity,
-                           "cache_policy": "lru", "seed": 1234, **({"limit": limit} if limit is not None else {})})
+                           "cache_policy": "lru", "seed": 1234, **({"limit": limit} if limit is not None else {}),
+                           **({"expert_bits": expert_bits} if expert_bits is not None else {})})
     predictions = predictions or [f"answer {i}" for i in range(len(correct))]
     samples = [{"doc_id": i, "metric": metric, "filter": "none", "score": float(c), "correct": bool(c),
                 "prediction": p, "target": f"answer {i}"} for i, (c, p) in enumerate(zip(correct, predictions))]

@@ -48,3 +48,17 @@ def test_no_runs_say_what_to_run(tmp_path, capsys):
     open_db(tmp_path, "empty.db").close()
     assert main(["paper-tables", "--db", str(tmp_path / "empty.db")]) == 0
     assert "evalsuite eval --modes resident,speculative,hybrid" in capsys.readouterr().out
+
+
+def test_each_precision_of_a_model_is_a_row_of_its_own(tmp_path, capsys):
+    db = open_db(tmp_path, "bits.db")
+    for bits, correct in ((None, [1, 1, 0, 1]), (4, [1, 0, 0, 1])):
+        make_run(db, mode="resident", correct=[1, 1, 1, 1], expert_bits=bits)
+        make_run(db, mode="speculative", predictor="quasi", correct=correct, recall=0.7, expert_bits=bits)
+    table = accuracy_table(db)
+    assert list(table["bits"]) == [16, 4]  # the newest 4-bit run does not stand in for the 16-bit one
+    assert list(table["speculative"]) == [0.75, 0.5]
+    assert list(recall_table(db)["bits"]) == [16, 4]
+    db.close()
+    assert main(["paper-tables", "--db", f"sqlite:///{tmp_path}/bits.db"]) == 0
+    assert " bits " in capsys.readouterr().out

@@ -24,7 +24,6 @@ def _open(args):
 
 
 def cmd_runs(args) -> int:
-    from .database import stored_config
     from .report import summary_table
 
     with _open(args) as db:
@@ -35,8 +34,8 @@ def cmd_runs(args) -> int:
         shown = runs.head(args.last)
         ids = shown["id"].tolist()
         table = summary_table(shown, db.task_metrics(ids), db.engine_metrics(ids))
-    bits = shown["config"].map(lambda c: stored_config(c).get("expert_bits") or 16)  # the experts' precision
-    table = table.merge(shown[["id", "started_at", "error"]].assign(bits=bits), on="id")[_LISTED + ["error"]]
+    table = table.merge(shown[["id", "started_at", "error", "expert_bits"]].rename(columns={"expert_bits": "bits"}),
+                        on="id")[_LISTED + ["error"]]
     table["started_at"] = table["started_at"].map(lambda t: t.strftime("%Y-%m-%d %H:%M") if hasattr(t, "strftime")
                                                   else t)
     columns = [Column(name, "d" if name == "id" else ".4g") if name in _NUMBERS else name for name in table.columns]

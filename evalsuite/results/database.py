@@ -226,12 +226,15 @@ class ResultsDB:
             return pd.read_sql(statement, conn)
 
     def runs(self, status: str | None = None) -> pd.DataFrame:
-        """All runs, newest first, after marking dead writers' runs incomplete."""
+        """All runs, newest first, after marking dead writers' runs incomplete; `expert_bits` read from each
+        configuration (16 where it names none: runs stored before quantised experts)."""
         self.mark_stale_runs()
         statement = select(Run).order_by(Run.id.desc())
         if status is not None:
             statement = statement.where(Run.status == status)
-        return self._frame(statement)
+        frame = self._frame(statement)
+        frame["expert_bits"] = [stored_config(c).get("expert_bits") or 16 for c in frame["config"]]
+        return frame
 
     def run(self, run_id) -> dict:
         try:

@@ -73,7 +73,8 @@ def accuracy_table(db, model: str | None = None) -> pd.DataFrame:
     if model is not None:
         runs = runs[runs["model"] == model]
     rows = []
-    for name, of_model in runs.groupby("model", sort=True):
+    groups = sorted(runs.groupby(["model", "expert_bits"]), key=lambda group: (group[0][0], -group[0][1]))
+    for (name, bits), of_model in groups:  # each precision of a model is a model of its own
         chosen = {"resident": _newest(of_model, "resident", None),
                   "speculative": _newest(of_model, "speculative", SPECULATIVE_PREDICTOR),
                   "hybrid": _newest(of_model, "hybrid", None)}
@@ -98,7 +99,7 @@ def accuracy_table(db, model: str | None = None) -> pd.DataFrame:
                 continue
             effects = paired_effects(scored["resident"][common].to_numpy(), scored["speculative"][common].to_numpy(),
                                      scored["hybrid"][common].to_numpy() if "hybrid" in scored else None)
-            rows.append({"model": name, "task": task, **effects})
+            rows.append({"model": name, "bits": bits, "task": task, **effects})
     return pd.DataFrame(rows)
 
 
@@ -129,6 +130,7 @@ def format_accuracy(table: pd.DataFrame) -> str:
     cells = [[r["model"], r["task"], r["n"], r["resident"], r["speculative"], r.get("hybrid"), r["drop"],
               _ci(r["drop_ci"]), _share(r), _share_ci(r.get("recovered_ci"))]
              for r in table.to_dict("records")]
+    _with_bits(table, columns, cells)
     return ("accuracy (Speculating Experts): resident / speculative (quasi) / hybrid on the same documents; "
             "hybrid recovers = (hybrid - speculative) / (resident - speculative)\n" + format_table(cells, columns))
 
@@ -149,12 +151,13 @@ def recall_table(db, model: str | None = None) -> pd.DataFrame:
     for run in runs.sort_values("id", ascending=False).itertuples(index=False):
         config = run.config if isinstance(run.config, dict) else {}
         for task, part in whole[whole["run_id"] == run.id].groupby("task", sort=True):
-            key = (run.model, task, run.mode, run.predictor)
+            key = (run.model, run.expert_bits, task, run.mode, run.predictor)
             if key in seen:
                 continue
             seen.add(key)
             top_k = part["top_k"].dropna()
-            row = {"model": run.model, "task": task, "mode": run.mode, "predictor": run.predictor, "run": run.id,
+            row = {"model": run.model, "bits": run.expert_bits, "task": task, "mode": run.mode,
+                   "predictor": run.predictor, "run": run.id,
                    "parameters": config.get("predictor_parameters"),
                    "K": int(top_k.iloc[0]) if len(top_k) else None}
             for r in part.sort_values("k").itertuples(index=False):
@@ -164,7 +167,16 @@ def recall_table(db, model: str | None = None) -> pd.DataFrame:
                     row["next token"] = r.recall_next_token
             rows.append(row)
     table = pd.DataFrame(rows)
-    return table.sort_values(["model", "task", "mode", "predictor"]).reset_index(drop=True)
+    return table.sort_values(["model", "bits", "task", "mode", "predictor"], ascending=[True, False, True, True, True]
+                             ).reset_index(drop=True)
+
+
+def _with_bits(table: pd.DataFrame, columns: list, cells: list) -> None:
+    """A `bits` column after the model's, where some run's experts are not 16-bit (docs/quantised-experts.md)."""
+    if "bits" in table and (table["bits"] != 16).any():
+        columns.insert(1, Column("bits", "d"))
+        for row, bits in zip(cells, table["bits"]):
+            row.insert(1, bits)
 
 
 def format_recall(table: pd.DataFrame) -> str:
@@ -176,5 +188,6 @@ def format_recall(table: pd.DataFrame) -> str:
     columns = ["model", "task", "mode", "predictor", Column("parameters", ",d"), Column("K", "d")] \
         + [Column(c, ".3f") for c in scores] + [Column("next token", ".3f")]
     cells = [[r.get(c if isinstance(c, str) else c.title) for c in columns] for r in table.to_dict("records")]
+    _with_bits(table, columns, cells)
     return ("recall (SpecPrefetch): over decode tokens x anchor layers, within the token; next token: the prediction "
             "of the next token's first sparse layer, evalsuite's own, outside the mean\n" + format_table(cells, columns))

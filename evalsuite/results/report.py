@@ -13,8 +13,8 @@ from .database import stored_config
 
 # which metric stands for a task's accuracy, most preferred first; otherwise the first metric by name
 MAIN_METRICS = ("acc", "exact_match", "acc_norm", "em", "f1", "pass@1")
-_RUN_LABELS = ["id", "status", "model", "mode", "predictor", "cache_capacity", "cache_policy", "link", "dtype",
-               "device", "limit"]
+_RUN_LABELS = ["id", "status", "model", "mode", "predictor", "expert_bits", "cache_capacity", "cache_policy", "link",
+               "dtype", "device", "limit"]
 FRONT_KEYS = ["model", "tasks", "limit"]  # a Pareto front each: a mean over other tasks or documents is another number
 # recall@K, exact@K and recall_next_token@K (evalsuite.engine.metrics): the last two stored since schema version 5
 _ENGINE_COLUMNS = ["recall_at_k", "exact_at_k", "recall_next_token", "prefetch_precision", "hit_rate",
