@@ -8,7 +8,9 @@ directory (about 1.2 GiB per layer). Then, each in a process of its own:
              generation; its experts are never loaded whole
 and prints the bytes, each process's peak RSS (VmHWM), the bound
 non-expert bytes + cache bytes + 1 GiB, and whether the tokens are identical. The checkpoint
-is deleted at the end. Usage: python bench/big_offload.py [--layers 4] [--tokens 8] [--capacity 0.1]
+is deleted at the end. With --expert-bits 8 or 4 the experts are first packed (evalsuite
+pack-experts, timed), the reference is resident at those bits, and the disk store reads the packed
+rows. Usage: python bench/big_offload.py [--layers 4] [--tokens 8] [--capacity 0.1] [--expert-bits 4]
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -54,19 +57,33 @@ def write(path: str, layers: int) -> None:
     model.save_pretrained(path, max_shard_size="2GB")
 
 
-def full(path: str, tokens: int) -> dict:
+def pack(path: str, bits: int) -> dict:
+    from evalsuite.cli import main
+
+    started = time.perf_counter()
+    if main(["pack-experts", "--model", path, "--expert-bits", str(bits), "--dtype", "bfloat16"]) != 0:
+        raise SystemExit("pack-experts failed")
+    return {"seconds": time.perf_counter() - started, "peak_rss": peak_rss()}
+
+
+def full(path: str, tokens: int, bits: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     model.set_experts_implementation("eager")
-    return {"tokens": generate(model, tokens), "peak_rss": peak_rss()}
+    if bits == 16:
+        return {"tokens": generate(model, tokens), "peak_rss": peak_rss()}
+    from evalsuite.engine import offload
+
+    with offload(model, mode="resident", expert_bits=bits):  # the reference at those bits
+        return {"tokens": generate(model, tokens), "peak_rss": peak_rss()}
 
 
-def offloaded(path: str, tokens: int, capacity: float) -> dict:
+def offloaded(path: str, tokens: int, capacity: float, bits: int) -> dict:
     from evalsuite.engine import load_offloaded
 
     model, engine = load_offloaded(path, mode="on-demand", device="cpu", dtype=torch.bfloat16, store="disk",
-                                   cache_capacity=capacity)
+                                   cache_capacity=capacity, expert_bits=bits)
     out = generate(model, tokens)
     stats = engine.stats()
     non_expert = sum(t.nbytes for t in list(model.parameters()) + list(model.buffers()))  # experts are empty
@@ -76,7 +93,8 @@ def offloaded(path: str, tokens: int, capacity: float) -> dict:
 
 
 def run(step: str, path: str, args) -> dict:
-    options = ["--layers", str(args.layers), "--tokens", str(args.tokens), "--capacity", str(args.capacity)]
+    options = ["--layers", str(args.layers), "--tokens", str(args.tokens), "--capacity", str(args.capacity),
+               "--expert-bits", str(args.expert_bits)]
     done = subprocess.run([sys.executable, __file__, *options, "--step", step, path], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"step {step} failed:\n{done.stderr[-3000:]}")
@@ -88,6 +106,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--capacity", type=float, default=0.1)
+    p.add_argument("--expert-bits", type=int, default=16, choices=(16, 8, 4))
     p.add_argument("--step", nargs="+", help=argparse.SUPPRESS)  # internal: one process's part
     args = p.parse_args()
     torch.set_num_threads(2)
@@ -96,13 +115,19 @@ def main() -> None:
         if step == "write":
             write(path, args.layers)
             print(json.dumps({}))
+        elif step == "pack":
+            print(json.dumps(pack(path, args.expert_bits)))
+        elif step == "full":
+            print(json.dumps(full(path, args.tokens, args.expert_bits)))
         else:
-            print(json.dumps(full(path, args.tokens) if step == "full" else offloaded(path, args.tokens, args.capacity)))
+            print(json.dumps(offloaded(path, args.tokens, args.capacity, args.expert_bits)))
         return
     path = tempfile.mkdtemp(prefix="big_offload_", dir="/tmp")
     try:
         run("write", path, args)
         checkpoint = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
+        packed = run("pack", path, args) if args.expert_bits != 16 else None
+        packed_bytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".packed"))
         reference = run("full", path, args)
         mine = run("offloaded", path, args)
     finally:
@@ -110,9 +135,13 @@ def main() -> None:
     bound = mine["non_expert_bytes"] + mine["cache_bytes"] + GiB
     print(f"checkpoint            {checkpoint / GiB:7.2f} GiB  ({args.layers} layers, 128 experts of "
           f"{mine['expert_bytes'] / 2**20:.1f} MiB each)")
+    if packed is not None:
+        print(f"packed experts        {packed_bytes / GiB:7.2f} GiB  ({args.expert_bits} bits; packed in "
+              f"{packed['seconds']:.0f} s, peak RSS {packed['peak_rss'] / GiB:.2f} GiB)")
     print(f"non-expert weights    {mine['non_expert_bytes'] / GiB:7.2f} GiB")
     print(f"cache ({args.capacity:.0%})           {mine['cache_bytes'] / GiB:7.2f} GiB")
-    print(f"peak RSS, full        {reference['peak_rss'] / GiB:7.2f} GiB")
+    print(f"peak RSS, full        {reference['peak_rss'] / GiB:7.2f} GiB" + (
+        f"  (resident at {args.expert_bits} bits: the model and its dequantised experts)" if packed else ""))
     print(f"peak RSS, offloaded   {mine['peak_rss'] / GiB:7.2f} GiB   (bound: non-expert + cache + 1 GiB "
           f"= {bound / GiB:.2f} GiB: {'within' if mine['peak_rss'] <= bound else 'EXCEEDED'})")
     print(f"hit rate {mine['hit_rate']:.3f}, {mine['bytes_transferred'] / GiB:.2f} GiB read from disk")

@@ -318,6 +318,37 @@ def default_tasks(model: str) -> list[str]:
     return tasks + (["gsm8k_es", "strategyqa_es_cot", "strategyqa_es_mc"] if benchmarks else [])
 
 
+def cmd_pack_experts(args) -> int:
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from .engine import arch
+    from .engine.placement.loading import load_skeleton
+    from .engine.placement.packed import write_packed
+    from .engine.placement.quantised import default_group_size, layout_for
+    from .engine.placement.store import ExpertLayout
+
+    if args.expert_bits not in (8, 4):
+        raise ValueError(f"--expert-bits {args.expert_bits}: pack experts at 8 or 4 bits (at 16 the disk store reads "
+                         "the checkpoint itself)")
+    config = AutoConfig.from_pretrained(args.model)
+    own = getattr(config, "dtype", None) or getattr(config.get_text_config(), "dtype", None) or torch.float32
+    dtype = getattr(torch, args.dtype or (own if isinstance(own, str) else str(own).replace("torch.", "")))
+    vision = hasattr(config, "vision_config")
+    model = load_skeleton(args.model, dtype, auto_class=AutoModelForImageTextToText if vision else AutoModelForCausalLM)
+    layers = arch.sparse_layers(model)
+    dense = ExpertLayout.of(layers[0].experts)
+    layout = layout_for(dense, args.expert_bits, args.expert_group_size or default_group_size(dense))
+    with tqdm(total=len(layers), desc="layers packed", unit="layer") as bar:
+        path = write_packed(args.model, layers, layout, arch.family_of(model), progress=lambda _: bar.update())
+    experts = sum(layer.num_experts for layer in layers)
+    print(f"wrote {path}: {experts} experts of {layout.nbytes:,} bytes each ({layout.nbytes / dense.nbytes:.3f} of "
+          f"their {dense.nbytes:,} in {str(dtype).replace('torch.', '')}), {layout.bits} bits, group "
+          f"{layout.group_size}")
+    return 0
+
+
 def cmd_train_tiny(args) -> int:
     from .zoo import train
 
@@ -448,6 +479,17 @@ def build_parser() -> argparse.ArgumentParser:
     from .perf.cli import add_commands as add_perf_commands
 
     add_perf_commands(sub)  # bench, simulate
+
+    k = sub.add_parser("pack-experts", help="quantise a checkpoint's experts once into the file the disk store "
+                                            "reads at --expert-bits 8 or 4 (docs/quantised-experts.md)")
+    k.add_argument("--model", required=True, help="a model directory with safetensors")
+    k.add_argument("--expert-bits", type=int, required=True, help="8 or 4")
+    k.add_argument("--expert-group-size", type=int, default=None,
+                   help="weights per scale and zero (default: 64, or the largest power of two below it that divides "
+                        "every expert's input width)")
+    k.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="the dtype the model will run in (default: the checkpoint's own)")
+    k.set_defaults(run=cmd_pack_experts)
 
     t = sub.add_parser("train-tiny", help="train the shipped tiny MoE models", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)

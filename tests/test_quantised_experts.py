@@ -71,8 +71,6 @@ def test_bad_bits_and_group_sizes_are_one_line_before_the_model_changes():
         EngineConfig(expert_bits=3)
     with pytest.raises(ValueError, match="does not divide"):
         evalsuite.offload(model, mode="on-demand", expert_bits=4, expert_group_size=48)
-    with pytest.raises(ValueError, match="store=host"):
-        EngineConfig(mode="on-demand", expert_bits=4, store="disk")
     assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert getattr(model, "_evalsuite_engine", None) is None
 
@@ -151,3 +149,37 @@ def test_a_sweep_has_an_expert_bits_axis(tmp_path):
     path.write_text(yaml.safe_dump({**grid, "expert_bits": [3]}))
     with pytest.raises(ValueError, match="expert_bits=3 is not one of"):
         check_cells(load_sweep(str(path)).cells(), confirm_run_unsafe_code=False, model_files=False)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_the_disk_store_reads_packed_rows_and_stays_exact(model_type, tmp_path):
+    from evalsuite.cli import main
+
+    reference = reference_model(model_type, "bfloat16")
+    copy.deepcopy(reference).save_pretrained(tmp_path)  # (saving writes into the model's config: a copy)
+    assert main(["pack-experts", "--model", str(tmp_path), "--expert-bits", "4", "--dtype", "bfloat16"]) == 0
+    ids, mask = batch(2)
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode="resident", expert_bits=4):
+        expected = run(model, ids, mask)
+    model = copy.deepcopy(reference)
+    with evalsuite.offload(model, mode="on-demand", expert_bits=4, cache_capacity=0.5, store="disk",
+                           checkpoint=str(tmp_path)) as engine:
+        got = run(model, ids, mask)
+        stats = engine.stats()
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert stats["bytes_transferred"] == stats["misses"] * stats["expert_bytes"]
+
+
+def test_the_disk_store_without_packed_rows_says_how_to_make_them(tmp_path):
+    reference = reference_model("qwen3_moe", "bfloat16")
+    copy.deepcopy(reference).save_pretrained(tmp_path)
+    model = copy.deepcopy(reference)
+    with pytest.raises(FileNotFoundError, match="run `evalsuite pack-experts --model .* --expert-bits 8"):
+        evalsuite.offload(model, mode="on-demand", expert_bits=8, store="disk", checkpoint=str(tmp_path))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters()))
+    from evalsuite.cli import main
+
+    assert main(["pack-experts", "--model", str(tmp_path), "--expert-bits", "8", "--dtype", "float32"]) == 0
+    with pytest.raises(ValueError, match="dense_dtype differ"):  # packed for float32, run in bfloat16
+        evalsuite.offload(model, mode="on-demand", expert_bits=8, store="disk", checkpoint=str(tmp_path))

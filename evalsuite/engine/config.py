@@ -216,9 +216,6 @@ class EngineConfig:
         if mode.speculates and self.horizon != 1:
             raise ValueError("speculative execution predicts one layer ahead: use horizon=1")
         self._check_at_target(mode)
-        if self.expert_bits != 16 and self.store == "disk" and self.offloads:
-            raise ValueError(f"expert_bits={self.expert_bits}: the disk store reads the checkpoint's dense experts; "
-                             "quantised experts are held by store=host")
 
     def _check_at_target(self, mode) -> None:
         """A controlled-recall predictor proposes a layer's experts from that layer's own routing: it can only be

@@ -332,6 +332,7 @@ class Engine(ExpertFetching):
             if not self.unloaded:  # one built without experts leaves without
                 put_experts_back(self.layers, self.dense_layout, self.layout, self.store, self.device,
                                  self._dense_experts)
+            self.store.close()
             # drop the big buffers now: engine, driver and scheduler refer to each other, so
             # the garbage collector would free them only some time later
             self.cache = self.store = self.transfers.store = None

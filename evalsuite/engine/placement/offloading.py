@@ -10,6 +10,7 @@ import torch
 from evalsuite.engine import placement
 from evalsuite.engine.cache.slots import ExpertCache, capacity_in_experts, check_fits
 from evalsuite.engine.link.lazy import INLINE_MAX_BYTES, LazyLink
+from evalsuite.engine.placement.packed import PackedStore
 from evalsuite.engine.placement.store import Checkpoint, HostStore, SafetensorsStore
 from evalsuite.engine.link.worker import TransferWorker
 
@@ -37,8 +38,10 @@ def move_experts_out(engine, config):
     if store == "host":  # a model built without its experts fills the host store from its checkpoint
         source = Checkpoint(path, dense.dtype) if engine.unloaded else None
         expert_store = HostStore(layers, layout, pin, source, engine.family)
-    else:
+    elif layout is dense:
         expert_store = SafetensorsStore(path, layers, layout, engine.family, pin)
+    else:  # the rows `evalsuite pack-experts` wrote beside the checkpoint
+        expert_store = PackedStore(path, layers, layout, pin)
     if layout is not dense and not engine.unloaded:  # the store's codes are lossy: close() puts these back
         engine._dense_experts = {(layer.index, name): getattr(layer.experts, name).cpu()
                                  for layer in layers for name, _, _ in dense.fields}

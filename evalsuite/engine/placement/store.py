@@ -83,6 +83,9 @@ class HostStore:
     def copy_into(self, key: tuple[int, int], dst: torch.Tensor) -> None:
         dst.copy_(self.rows[key], non_blocking=True)
 
+    def close(self) -> None:
+        """Nothing to let go of: its rows are freed with it."""
+
     def read(self, key: tuple[int, int]) -> torch.Tensor:
         return self.rows[key]
 
@@ -120,6 +123,10 @@ class SafetensorsStore:
         flat = torch.empty(self.layout.numel, dtype=self.layout.dtype)
         self._read_into(key, flat)
         return flat
+
+    def close(self) -> None:
+        """Let go of the files it reads (Engine.close)."""
+        self.checkpoint.close()
 
     def copy_into(self, key: tuple[int, int], dst: torch.Tensor) -> None:
         if dst.device.type == "cpu":
