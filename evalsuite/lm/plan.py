@@ -147,7 +147,7 @@ def run_plan(db, request, target) -> list[dict]:
                 raise
             open_runs.enter_context(writing(db, [run_id for run_id, _, _ in runs.values()], None))
             with contextlib.closing(lm.engine):
-                _stored_rows(db, runs, target, reference, rows)
+                _stored_rows(db, runs, target, reference, rows, request.engine.expert_bits)
                 missing = [t for t in target.tasks if any(t not in done for _, _, done in runs.values())]
                 if missing:
                     if costs is None:
@@ -185,7 +185,7 @@ def run_plan(db, request, target) -> list[dict]:
             db.add_lm_eval_tasks(run_id, out, out["engine"])
             rows.setdefault((mode, chosen), []).extend(
                 table_rows(out, target.name, mode, chosen, diverged, run_id, time.time() - started,
-                           replayed=True))
+                           replayed=True, expert_bits=request.engine.expert_bits))
     return [row for run in requested_runs(request.modes, request.predictor) for row in rows.get(run, [])]
 
 
@@ -207,7 +207,7 @@ def _evaluate_groups(lm, tasks: list[str], request, p: Pass) -> dict:
     return out
 
 
-def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
+def _stored_rows(db, runs, target, reference: dict, rows: dict, expert_bits: int) -> None:
     """Add to `rows` (per run) the table rows of tasks an earlier invocation stored (a resumed plan)."""
     for (mode, chosen), (run_id, _, done) in runs.items():
         if not done:
@@ -216,7 +216,8 @@ def _stored_rows(db, runs, target, reference: dict, rows: dict) -> None:
         if mode == REFERENCE:
             reference.update(dict.fromkeys(stored["results"], stored))
         rows.setdefault((mode, chosen), []).extend(
-            table_rows(stored, target.name, mode, chosen, stored["divergence"], run_id, 0.0, replayed=True))
+            table_rows(stored, target.name, mode, chosen, stored["divergence"], run_id, 0.0, replayed=True,
+                       expert_bits=expert_bits))
 
 
 def replayed_config(config: dict, request, mode: str, predictor: str | None, p: Pass) -> dict:

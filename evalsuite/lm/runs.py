@@ -172,7 +172,7 @@ def file_hash(path: str | None) -> str | None:
 
 
 def table_rows(results, model, mode, predictor, diverged, run_id, seconds, busy: float | None = None,
-               replayed: bool = False, probes: list[float] | None = None) -> list[dict]:
+               replayed: bool = False, probes: list[float] | None = None, expert_bits: int = 16) -> list[dict]:
     """One row per task of a run, for format_rows. `prefill_only`: a speculating run whose task decoded no token
     (a loglikelihood task): speculation never acted, so its accuracy is resident's by construction."""
     rows = []
@@ -183,7 +183,7 @@ def table_rows(results, model, mode, predictor, diverged, run_id, seconds, busy:
         recall = headline_recall(values)  # recall@K (evalsuite.engine.metrics)
         prefill_only = MODES[mode].speculates and values.get("tpot_ms,engine") is None
         rows.append({"model": model, "mode": mode, "predictor": predictor, "prefill_only": prefill_only,
-                     "expert_bits": (results.get("config", {}).get("evalsuite_engine") or {}).get("expert_bits"),
+                     "expert_bits": expert_bits,
                      "task": task, "metric": headline[0], "accuracy": headline[1],
                      "recall": recall, "hit_rate": values.get("hit_rate,engine"),
                      "tpot_ms": values.get("tpot_ms,engine"), "tpot_p10": values.get("tpot_ms_p10,engine"),

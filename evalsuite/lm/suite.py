@@ -118,7 +118,8 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
             stored = stored_results(db.task_metrics([run_id]), db.engine_metrics([run_id]), db.samples([run_id]))
             if mode == REFERENCE:
                 reference.update(dict.fromkeys(stored["results"], stored))
-            rows += table_rows(stored, name, mode, chosen, stored["divergence"], run_id, 0.0)
+            rows += table_rows(stored, name, mode, chosen, stored["divergence"], run_id, 0.0,
+                               expert_bits=request.engine.expert_bits)
         if set(target.tasks) - done:
             timing.warm_up(lm.model, target.tokenizer, lm.engine)
         with timing.frozen_heap():  # what the warm-up left is start-up heap, as a server's after its own
@@ -140,7 +141,8 @@ def measured_run(db, request: Request, target: Target, mode: str, predictor: str
                 save_json(results, request.out_dir, f"{run_id}-{name.replace('/', '--')}-{mode}-{task}-{uid}")
                 db.add_lm_eval_tasks(run_id, results, results.get("engine"))
                 rows += table_rows(results, name, mode, chosen, diverged, run_id, time.time() - started,
-                                   busy=timing.busy(request.run.device), probes=results["timing"]["probe_ms"])
+                                   busy=timing.busy(request.run.device), probes=results["timing"]["probe_ms"],
+                                   expert_bits=request.engine.expert_bits)
     return rows
 
 
@@ -154,10 +156,10 @@ def format_rows(rows) -> str:
     drifted = {model: ratio for model, ratio in spreads.items() if ratio > timing.DRIFT}
     cells = [[r["model"], r["task"], r["metric"], r["mode"], r.get("predictor"), _accuracy(r), r["recall"],
               _hit_rate(r), _tpot(r, r["model"] in drifted), r["identical_share"]] for r in rows]
-    if any(r.get("expert_bits") not in (None, 16, "16") for r in rows):  # quantised experts: each row's bits
+    if any(r.get("expert_bits", 16) != 16 for r in rows):  # quantised experts: each row's bits
         columns.insert(4, Column("bits", align=">"))
         for row, r in zip(cells, rows):
-            row.insert(4, r.get("expert_bits") or "-")
+            row.insert(4, r.get("expert_bits", 16))
     lines = [format_table(cells, columns)]
     if any(r.get("prefill_only") for r in rows):
         lines.append("n/a (prefill): the task scores loglikelihoods, one prefill per document and no decode token; "
