@@ -183,3 +183,19 @@ def test_the_disk_store_without_packed_rows_says_how_to_make_them(tmp_path):
     assert main(["pack-experts", "--model", str(tmp_path), "--expert-bits", "8", "--dtype", "float32"]) == 0
     with pytest.raises(ValueError, match="dense_dtype differ"):  # packed for float32, run in bfloat16
         evalsuite.offload(model, mode="on-demand", expert_bits=8, store="disk", checkpoint=str(tmp_path))
+
+
+def test_eval_refuses_a_bad_group_size_or_missing_packed_rows_before_a_model_loads():
+    from evalsuite.lm.preflight import check_eval
+
+    from .helpers import shipped_model
+
+    model = shipped_model("tiny-glm4-moe")  # experts' widths of 96 and 128
+    request = dict(open_db=False)
+    with pytest.raises(ValueError, match="expert_group_size=64 does not divide down_proj's input width 96"):
+        check_eval([model], ["resident"], ["evalsuite_arith"], 2, engine=EngineConfig(expert_bits=4,
+                                                                                   expert_group_size=64), **request)
+    with pytest.raises(FileNotFoundError, match="run `evalsuite pack-experts --model .* --expert-bits 4"):
+        check_eval([model], ["on-demand"], ["evalsuite_arith"], 2,
+                   engine=EngineConfig(expert_bits=4, store="disk"), **request)
+    check_eval([model], ["on-demand"], ["evalsuite_arith"], 2, engine=EngineConfig(expert_bits=4), **request)

@@ -214,6 +214,8 @@ def check_eval(models, modes, tasks, limit, *, engine=None, predictor=None, run=
                                     "--out DIR` and pass --predictor-path DIR/predictor.safetensors")
         for model, path in zip(models, paths):
             check_artifact(model, path, modes, predictor, engine.predictor_path)
+            if engine.expert_bits != 16:
+                check_quantised_experts(path, engine, any(MODES[mode].offloads for mode in modes))
 
 
 def check_artifact(model: str, path: str, modes, predictor, predictor_path) -> None:
@@ -228,6 +230,29 @@ def check_artifact(model: str, path: str, modes, predictor, predictor_path) -> N
                 f"predictor {name}{default} needs a calibration artifact and {model} ships none: run `evalsuite "
                 f"calibrate --model {model} --out {path}` (it writes {ARTIFACT_FILE} there), pass --predictor-path, "
                 "or run the training-free --predictor gate")
+
+
+def check_quantised_experts(path: str, engine, offloads: bool) -> None:
+    """The experts of the model in `path` at engine.expert_bits: a group size that divides their widths, and for
+    the disk store the packed file (evalsuite pack-experts); read from the model built on the meta device, with
+    none of its weights loaded."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from ..engine.placement.packed import packed_path
+    from ..engine.placement.quantised import default_group_size, layout_for
+    from ..engine.placement.store import ExpertLayout
+
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    with init_empty_weights():
+        model = auto.from_config(config)
+    dense = ExpertLayout.of(arch.sparse_layers(model)[0].experts)
+    layout = layout_for(dense, engine.expert_bits, engine.expert_group_size or default_group_size(dense))
+    if offloads and engine.store == "disk" and not os.path.isfile(packed_path(path, layout)):
+        raise FileNotFoundError(f"--store disk --expert-bits {layout.bits}: no experts packed in {path}; run "
+                                f"`evalsuite pack-experts --model {path} --expert-bits {layout.bits} "
+                                f"--expert-group-size {layout.group_size}` first")
 
 
 def _known_tasks(tasks_of: dict, manager) -> list[str]:
