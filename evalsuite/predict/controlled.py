@@ -3,9 +3,9 @@
 `recall-R` proposes, at every layer a decode token speculates, the router's own top-K with a seeded share of it
 replaced, so that recall@K over the run is R: each token loses floor(K(1-R)) of its experts or one more, the one
 more drawn at random but likelier the more the run owes, so the whole run misses its target by less than one
-expert. It reads the layer's own routing, so it
-predicts nothing ahead: it can only be executed (mode speculative), never prefetched. `recall-1.0` executes the
-router's own choice in its own order, so it gives the unmodified model's tokens exactly.
+expert. It reads the layer's own routing, so it predicts nothing ahead: it can only be executed (mode
+speculative), never prefetched. `recall-1.0` executes the router's own choice in its own order, so it gives the
+unmodified model's tokens exactly.
 
 Names: recall-R[-uniform|-near][-all|-early|-middle|-late]
   uniform   (default) a replaced slot is drawn uniformly among the K selected experts, its replacement
