@@ -321,25 +321,21 @@ def default_tasks(model: str) -> list[str]:
 def cmd_pack_experts(args) -> int:
     import torch
     from tqdm import tqdm
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from .engine import arch
-    from .engine.placement.loading import load_skeleton
+    from .engine.placement.loading import meta_model
     from .engine.placement.packed import write_packed
-    from .engine.placement.quantised import default_group_size, layout_for
+    from .engine.placement.quantised import layout_for
     from .engine.placement.store import ExpertLayout
 
     if args.expert_bits not in (8, 4):
         raise ValueError(f"--expert-bits {args.expert_bits}: pack experts at 8 or 4 bits (at 16 the disk store reads "
                          "the checkpoint itself)")
-    config = AutoConfig.from_pretrained(args.model)
-    own = getattr(config, "dtype", None) or getattr(config.get_text_config(), "dtype", None) or torch.float32
-    dtype = getattr(torch, args.dtype or (own if isinstance(own, str) else str(own).replace("torch.", "")))
-    vision = hasattr(config, "vision_config")
-    model = load_skeleton(args.model, dtype, auto_class=AutoModelForImageTextToText if vision else AutoModelForCausalLM)
+    model = meta_model(args.model, getattr(torch, args.dtype) if args.dtype else None)
     layers = arch.sparse_layers(model)
     dense = ExpertLayout.of(layers[0].experts)
-    layout = layout_for(dense, args.expert_bits, args.expert_group_size or default_group_size(dense))
+    dtype = dense.dtype
+    layout = layout_for(dense, args.expert_bits, args.expert_group_size)
     with tqdm(total=len(layers), desc="layers packed", unit="layer") as bar:
         path = write_packed(args.model, layers, layout, arch.family_of(model), progress=lambda _: bar.update())
     experts = sum(layer.num_experts for layer in layers)

@@ -19,10 +19,10 @@ import torch
 from evalsuite.engine.cache.slots import POLICIES, capacity_in_experts
 from evalsuite.engine.link import parse_link
 from evalsuite.engine.modes import MODES, names_where
+from evalsuite.engine.placement.store import EXPERT_BITS
 from evalsuite.engine.prediction import PREDICTORS
 
 STORES = ("host", "disk")
-EXPERT_BITS = (16, 8, 4)
 POOLS = ("global", "per-layer")
 # the oracles read the routing of the pass they predict (a look-ahead pass, a recorded run): nothing to shadow
 NOT_SHADOWS = ("oracle", "trace-oracle")

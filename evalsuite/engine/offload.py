@@ -87,9 +87,8 @@ class Engine(ExpertFetching):
             raise arch.UnsupportedModelError("sparse layers with different expert shapes are not supported")
         self.layout = self.dense_layout
         if c.expert_bits != 16:  # checked against the experts' widths before the model is touched
-            from evalsuite.engine.placement.quantised import default_group_size, layout_for
-            self.layout = layout_for(self.dense_layout, c.expert_bits,
-                                     c.expert_group_size or default_group_size(self.dense_layout))
+            from evalsuite.engine.placement.quantised import layout_for
+            self.layout = layout_for(self.dense_layout, c.expert_bits, c.expert_group_size)
         self.unloaded = placement.experts_unloaded(self.layers, self.dense_layout)  # built without its experts
         self.device = (torch.device(c.device) if c.device is not None
                        else placement.home_device(model, self.layers, self.dense_layout))
@@ -126,7 +125,7 @@ class Engine(ExpertFetching):
                                         for name in c.row_predictors], lambda: self.forward.rows)
         shadow_predictors = {name: self._build_predictor(name, artifact, 1) for name in c.shadows}
         if c.offloads:  # the last step that can fail on bad input, the first that changes the model
-            self.store, self.cache, self.transfers = move_experts_out(self, c)
+            self.store, self.cache, self.transfers, self._dense_experts = move_experts_out(self, c)
         else:
             if self.unloaded:  # the reference computes with every expert: read them all in, close() drops them
                 placement.load_experts(self.layers, self.dense_layout, self.family,

@@ -236,23 +236,16 @@ def check_quantised_experts(path: str, engine, offloads: bool) -> None:
     """The experts of the model in `path` at engine.expert_bits: a group size that divides their widths, and for
     the disk store the packed file (evalsuite pack-experts); read from the model built on the meta device, with
     none of its weights loaded."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from ..engine.placement.packed import packed_path
-    from ..engine.placement.quantised import default_group_size, layout_for
+    from ..engine.placement.loading import meta_model
+    from ..engine.placement.packed import pack_command, packed_path
+    from ..engine.placement.quantised import layout_for
     from ..engine.placement.store import ExpertLayout
 
-    config = AutoConfig.from_pretrained(path)
-    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
-    with init_empty_weights():
-        model = auto.from_config(config)
-    dense = ExpertLayout.of(arch.sparse_layers(model)[0].experts)
-    layout = layout_for(dense, engine.expert_bits, engine.expert_group_size or default_group_size(dense))
+    dense = ExpertLayout.of(arch.sparse_layers(meta_model(path))[0].experts)
+    layout = layout_for(dense, engine.expert_bits, engine.expert_group_size)
     if offloads and engine.store == "disk" and not os.path.isfile(packed_path(path, layout)):
         raise FileNotFoundError(f"--store disk --expert-bits {layout.bits}: no experts packed in {path}; run "
-                                f"`evalsuite pack-experts --model {path} --expert-bits {layout.bits} "
-                                f"--expert-group-size {layout.group_size}` first")
+                                f"`{pack_command(path, layout)}` first")
 
 
 def _known_tasks(tasks_of: dict, manager) -> list[str]:

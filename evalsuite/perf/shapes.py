@@ -124,8 +124,8 @@ def _expert_bytes(experts, params: int, shipped_bits: float, bits: int | None) -
         return params * 2
     from dataclasses import replace
 
-    from ..engine.placement.quantised import default_group_size, layout_for
+    from ..engine.placement.quantised import layout_for
     from ..engine.placement.store import ExpertLayout
 
     dense = replace(ExpertLayout.of(experts), dtype=torch.bfloat16)
-    return layout_for(dense, bits, default_group_size(dense)).nbytes
+    return layout_for(dense, bits).nbytes

@@ -199,9 +199,7 @@ def compare(db, run_a, run_b, tasks=None, force: bool = False) -> pd.DataFrame:
 
 def run_label(run: dict) -> str:
     """' (mode[/predictor], N-bit experts)': what a run is, for the comparison's first line."""
-    from .database import stored_config
-
-    bits = stored_config(run.get("config")).get("expert_bits") or 16
+    bits = run.get("expert_bits", 16)
     what = "/".join(str(part) for part in (run.get("mode"), run.get("predictor")) if part)
     return f" ({what}, {bits}-bit experts)" if what else f" ({bits}-bit experts)"
 

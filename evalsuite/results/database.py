@@ -232,6 +232,10 @@ class ResultsDB:
         statement = select(Run).order_by(Run.id.desc())
         if status is not None:
             statement = statement.where(Run.status == status)
+        return self._runs_frame(statement)
+
+    def _runs_frame(self, statement) -> pd.DataFrame:
+        """Runs as stored, with `expert_bits` read from each configuration (16 where it names none)."""
         frame = self._frame(statement)
         frame["expert_bits"] = [stored_config(c).get("expert_bits") or 16 for c in frame["config"]]
         return frame
@@ -241,7 +245,7 @@ class ResultsDB:
             run_id = int(run_id)
         except (TypeError, ValueError):
             raise ValueError(f"run id {run_id!r} is not a number; `evalsuite runs` lists them") from None
-        frame = self._frame(select(Run).where(Run.id == run_id))
+        frame = self._runs_frame(select(Run).where(Run.id == run_id))
         if frame.empty:
             raise ValueError(f"no run with id {run_id} in {self.url}; `evalsuite runs` lists them")
         return frame.iloc[0].to_dict()

@@ -17,6 +17,17 @@ from evalsuite.engine import arch
 from evalsuite.engine.placement.store import EXPERT_PARAMS, Checkpoint
 
 
+def meta_model(path: str, dtype: torch.dtype | None = None):
+    """The model saved at `path` built on the meta device, none of its weights read (its shapes, layers and
+    family), in `dtype` (default: the checkpoint's own); a vision-language one as its image-text class."""
+    from transformers import AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    with init_empty_weights():
+        return auto.from_config(config, **({"dtype": dtype} if dtype is not None else {}))
+
+
 def load_skeleton(path: str, dtype: torch.dtype = torch.bfloat16, device="cpu", auto_class=AutoModelForCausalLM):
     """The model saved at `path` with its non-expert weights on `device` and no expert weights.
 

@@ -17,7 +17,8 @@ from evalsuite.engine.link.worker import TransferWorker
 
 def move_experts_out(engine, config):
     """The store, the expert cache and the link of `engine`'s model (its layers, layout, device, link), as
-    `config` (an EngineConfig) asks, with its experts moved out of the model; returns (store, cache, link).
+    `config` (an EngineConfig) asks, with its experts moved out of the model; returns (store, cache, link, own): own,
+    where the store holds quantised codes, the model's own weights set aside for put_experts_back (else None).
     Raises ValueError where the cache cannot hold one token's experts or does not fit the device."""
     model, layers, layout, device = engine.model, engine.layers, engine.layout, engine.device
     dense = engine.dense_layout  # the model's own tensors (layout: the store's rows, packed where quantised)
@@ -42,9 +43,10 @@ def move_experts_out(engine, config):
         expert_store = SafetensorsStore(path, layers, layout, engine.family, pin)
     else:  # the rows `evalsuite pack-experts` wrote beside the checkpoint
         expert_store = PackedStore(path, layers, layout, pin)
+    own = None
     if layout is not dense and not engine.unloaded:  # the store's codes are lossy: close() puts these back
-        engine._dense_experts = {(layer.index, name): getattr(layer.experts, name).cpu()
-                                 for layer in layers for name, _, _ in dense.fields}
+        own = {(layer.index, name): getattr(layer.experts, name).cpu()
+               for layer in layers for name, _, _ in dense.fields}
     for layer in layers:  # the device now holds only what the cache holds
         for name, _, _ in dense.fields:
             empty = torch.empty(0, dtype=dense.dtype, device=device)
@@ -56,7 +58,7 @@ def move_experts_out(engine, config):
         link = LazyLink(expert_store, engine.link, engine.timeout_s)  # no thread to hand the GIL to
     else:
         link = TransferWorker(expert_store, device, engine.link, engine.timeout_s)
-    return expert_store, cache, link
+    return expert_store, cache, link, own
 
 
 def put_experts_back(layers, dense, layout, store, device: torch.device, own: dict | None = None) -> None:

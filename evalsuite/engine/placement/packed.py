@@ -15,7 +15,7 @@ import struct
 
 import torch
 
-from evalsuite.engine.placement.store import Checkpoint, SafetensorsStore, read_expert
+from evalsuite.engine.placement.store import Checkpoint, SafetensorsStore, read_expert, read_exactly
 
 FORMAT, VERSION = "evalsuite-packed-experts", 1
 
@@ -23,6 +23,12 @@ FORMAT, VERSION = "evalsuite-packed-experts", 1
 def packed_path(checkpoint: str, layout) -> str:
     """Where the experts of the checkpoint in directory `checkpoint` are packed at `layout`'s bits and group size."""
     return os.path.join(checkpoint, f"experts-{layout.bits}bit-g{layout.group_size}.packed")
+
+
+def pack_command(checkpoint: str, layout) -> str:
+    """The command that writes packed_path(checkpoint, layout)."""
+    return (f"evalsuite pack-experts --model {checkpoint} --expert-bits {layout.bits} --expert-group-size "
+            f"{layout.group_size}")
 
 
 def _header(layout, layers) -> dict:
@@ -67,8 +73,7 @@ class PackedStore(SafetensorsStore):
         path = packed_path(checkpoint, layout)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no experts packed at {layout.bits} bits (group {layout.group_size}) in "
-                                    f"{checkpoint}: run `evalsuite pack-experts --model {checkpoint} --expert-bits "
-                                    f"{layout.bits} --expert-group-size {layout.group_size}` first")
+                                    f"{checkpoint}: run `{pack_command(checkpoint, layout)}` first")
         with open(path, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             found = json.loads(f.read(size))
@@ -85,18 +90,10 @@ class PackedStore(SafetensorsStore):
                 self.offsets[index, expert] = start + rows * layout.nbytes
                 rows += 1
         self.fd = os.open(path, os.O_RDONLY)
-        self.staging = [torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pin) for _ in range(self.STAGING)]
-        self.copied: list = [None] * self.STAGING
-        self.next = 0
+        self._staging_ring(layout, pin)
 
     def _read_into(self, key: tuple[int, int], flat: torch.Tensor) -> None:
-        buffer = memoryview(flat.numpy())
-        done, offset = 0, self.offsets[key]
-        while done < len(buffer):  # a large read may return fewer bytes than asked
-            n = os.preadv(self.fd, [buffer[done:]], offset + done)
-            if n == 0:
-                raise ValueError(f"{self.path} ends before its rows do: pack the experts again")
-            done += n
+        read_exactly(self.fd, self.offsets[key], flat, f"{self.path} ends before its rows do: pack the experts again")
 
     def close(self) -> None:
         """Let go of the packed file (Engine.close)."""

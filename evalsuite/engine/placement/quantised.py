@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from hqq.core.quantize import Quantizer
 
-from .store import ExpertLayout
+from .store import EXPERT_BITS as BITS, ExpertLayout
 
-BITS = (16, 8, 4)
 ALIGN = 16  # bytes: every segment (and so every row of a slab) starts aligned for a view as any dtype
 _PACKING = {8: "8bit_u8", 4: "4bit_u8"}  # HQQ's bit packings: one code per byte, two codes per byte
 
@@ -127,6 +126,7 @@ class QuantisedLayout:
     fields: tuple[tuple[str, tuple[int, ...], int], ...] = field(init=False)
     numel: int = field(init=False)
     segments: tuple[_Segment, ...] = field(init=False, repr=False)
+    _meta_size: int = field(init=False, repr=False, compare=False)  # bytes per scale or zero
 
     @classmethod
     def of(cls, dense: ExpertLayout, bits: int, group_size: int, meta_dtype: torch.dtype = torch.float16,
@@ -158,6 +158,7 @@ class QuantisedLayout:
         object.__setattr__(self, "segments", tuple(segments))
         object.__setattr__(self, "fields", tuple((s.name, s.shape, s.codes) for s in segments))
         object.__setattr__(self, "numel", offset)
+        object.__setattr__(self, "_meta_size", meta_size)  # (read at every dequantisation: the kernel's path)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,7 +173,7 @@ class QuantisedLayout:
         return weight.t() if self.transposed else weight
 
     def _meta(self, flat: torch.Tensor, offset: int, groups: int) -> torch.Tensor:
-        nbytes = groups * torch.empty((), dtype=self.meta_dtype).element_size()
+        nbytes = groups * self._meta_size
         return flat[offset:offset + nbytes].view(self.meta_dtype).view(groups, 1)
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -240,10 +241,13 @@ def default_group_size(layout_or_shapes) -> int:
     return group
 
 
-def layout_for(dense: ExpertLayout, bits: int, group_size: int, **options) -> ExpertLayout | QuantisedLayout:
-    """The layout of experts stored at `bits`: `dense` itself at 16 bits, else its QuantisedLayout."""
-    check_quantisation(bits, group_size, dense, options.get("transposed"))
-    return dense if bits == 16 else QuantisedLayout.of(dense, bits, group_size, **options)
+def layout_for(dense: ExpertLayout, bits: int, group_size: int | None = None,
+               **options) -> ExpertLayout | QuantisedLayout:
+    """The layout of experts stored at `bits`: `dense` itself at 16 bits, else its QuantisedLayout with groups of
+    `group_size` (default: default_group_size). A layout they cannot have is refused there (check_quantisation)."""
+    if bits == 16:
+        return dense
+    return QuantisedLayout.of(dense, bits, group_size or default_group_size(dense), **options)
 
 
 @torch.no_grad()

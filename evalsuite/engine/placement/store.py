@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 EXPERT_PARAMS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+EXPERT_BITS = (16, 8, 4)  # how an expert's weights may be stored: as they are, or quantised (placement/quantised.py)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,10 @@ class SafetensorsStore:
         if missing:
             raise ValueError(f"checkpoint {self.checkpoint.path} has no tensors for {missing[0]}; "
                              "save the model with save_pretrained or use store='host'")
+        self._staging_ring(layout, pin)
+
+    def _staging_ring(self, layout, pin: bool) -> None:
+        """The staging buffers a device slot is filled through, and what each last copied out."""
         self.staging = [torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pin) for _ in range(self.STAGING)]
         self.copied: list = [None] * self.STAGING  # per staging buffer: the event its last copy records
         self.next = 0
@@ -242,20 +247,26 @@ class Checkpoint:
 
     def _read_bytes(self, file: str, offset: int, out: torch.Tensor) -> None:
         """`out`'s bytes from `file` at `offset` (`out` contiguous, on the CPU)."""
-        buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy())
         if file not in self.fds:
             self.fds[file] = os.open(file, os.O_RDONLY)
-        done = 0
-        while done < len(buffer):  # a large read may return fewer bytes than asked
-            n = os.preadv(self.fds[file], [buffer[done:]], offset + done)
-            if n == 0:
-                raise ValueError(f"{file} ends before its tensors do: the checkpoint is truncated")
-            done += n
+        read_exactly(self.fds[file], offset, out, f"{file} ends before its tensors do: the checkpoint is truncated")
 
     def close(self) -> None:
         for fd in self.fds.values():
             os.close(fd)
         self.fds = {}
+
+
+def read_exactly(fd: int, offset: int, out: torch.Tensor, truncated: str) -> None:
+    """`out`'s bytes (contiguous, on the CPU) from the open file `fd` at `offset`; ValueError(`truncated`) where the
+    file ends first."""
+    buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+    done = 0
+    while done < len(buffer):  # a large read may return fewer bytes than asked
+        n = os.preadv(fd, [buffer[done:]], offset + done)
+        if n == 0:
+            raise ValueError(truncated)
+        done += n
 
 
 def _safetensors_index(checkpoint: str) -> dict[str, str]:
